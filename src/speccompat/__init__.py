@@ -1,0 +1,60 @@
+"""speccompat: keep EAGLE-3 hidden-state extraction correct across vLLM releases.
+
+    import speccompat
+    speccompat.apply()      # before building speculators' VllmHiddenStatesGenerator
+
+``apply()`` returns a :class:`Report`; ``python -m speccompat doctor`` prints it.
+"""
+
+from __future__ import annotations
+
+from .errors import (
+    AdapterError,
+    CorruptCaptureError,
+    SpeccompatError,
+    SpeccompatWarning,
+    UnsupportedVersionError,
+    VllmNotInstalledError,
+    WorkerFailedError,
+)
+from .registry import (
+    Adapter,
+    Outcome,
+    Report,
+    Side,
+    State,
+    active,
+    apply,
+    catalogue,
+    report,
+    revert,
+)
+from .rpc import collective_rpc
+from .versions import Environment, Package, detect
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Adapter",
+    "AdapterError",
+    "CorruptCaptureError",
+    "Environment",
+    "Outcome",
+    "Package",
+    "Report",
+    "Side",
+    "SpeccompatError",
+    "SpeccompatWarning",
+    "State",
+    "UnsupportedVersionError",
+    "VllmNotInstalledError",
+    "WorkerFailedError",
+    "__version__",
+    "active",
+    "apply",
+    "catalogue",
+    "collective_rpc",
+    "detect",
+    "report",
+    "revert",
+]

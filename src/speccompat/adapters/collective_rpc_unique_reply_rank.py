@@ -1,0 +1,95 @@
+"""``collective_rpc(..., unique_reply_rank=r)`` returns the bare result from vLLM 0.11.1.
+
+speculators 0.3.0 indexes the reply with ``[0]``, which on 0.11.1+ picks the
+first layer's tensor and writes garbage without an error. vLLM's own callers
+rely on the bare return, so vLLM is left alone: the generator gets a view of
+its executor that keeps the <= 0.11.0 list contract it was written for, and
+the captured states are checked before the generator slices them.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+from .. import guards
+from ..patching import Patcher
+from ..registry import Adapter, Side
+from ..rpc import collective_rpc
+from ..targets import GENERATOR, Proxy, wrap_factory
+from ..versions import spec
+
+ID = "vllm.collective_rpc.unique_reply_rank"
+
+
+class ListReplyExecutor(Proxy):
+    """The executor as speculators 0.3.0 expects it: a unique reply comes as ``[result]``."""
+
+    def __init__(self, executor: Any) -> None:
+        super().__init__(executor)
+        object.__setattr__(self, "_capture", guards.CaptureExpectation(ID))
+
+    def collective_rpc(
+        self,
+        method: Any,
+        timeout: float | None = None,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+        non_block: bool = False,
+        unique_reply_rank: int | None = None,
+        **extra: Any,
+    ) -> Any:
+        capture: guards.CaptureExpectation = object.__getattribute__(self, "_capture")
+        capture.observe_rpc(method, args)
+        if unique_reply_rank is None or non_block or extra:
+            return self.unwrapped.collective_rpc(
+                method, timeout=timeout, args=args, kwargs=kwargs, non_block=non_block,
+                unique_reply_rank=unique_reply_rank, **extra)
+        result = collective_rpc(
+            self.unwrapped, method, rank=unique_reply_rank, args=args, kwargs=kwargs,
+            timeout=timeout)
+        if method == "_get_captured_states":
+            capture.check(result, self.unwrapped.vllm_config)
+        return [result]
+
+    def execute_model(self, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        capture: guards.CaptureExpectation = object.__getattribute__(self, "_capture")
+        capture.observe_step(scheduler_output)
+        return self.inner.execute_model(scheduler_output, *args, **kwargs)
+
+
+def _probe() -> str | None:
+    from vllm.v1.executor.multiproc_executor import MultiprocExecutor
+
+    from ..targets import parameters
+
+    if "unique_reply_rank" not in parameters(MultiprocExecutor.collective_rpc):
+        return "MultiprocExecutor.collective_rpc has no unique_reply_rank parameter"
+    import inspect
+
+    source = inspect.getsource(MultiprocExecutor.collective_rpc)
+    if "responses[0] if output_rank is not None" not in source:
+        return "MultiprocExecutor.collective_rpc no longer returns responses[0] for one rank"
+    return None
+
+
+def _patch(patcher: Patcher) -> None:
+    def on_generator(module: ModuleType) -> None:
+        patcher.wrap(module, "MultiprocExecutor",
+                     lambda original: wrap_factory(original, ListReplyExecutor))
+
+    patcher.on_import(GENERATOR, on_generator)
+
+
+ADAPTER = Adapter(
+    id=ID,
+    summary="speculators 0.3.0 sees a unique reply as [result] again, and the states are checked",
+    upstream="vLLM 0.11.1: MultiprocExecutor.collective_rpc returns responses[0] when "
+    "unique_reply_rank is set (executor rework, PR #28012)",
+    vllm=spec(">=0.11.1"),
+    speculators=spec("==0.3.*"),
+    side=Side.DRIVER,
+    probe=_probe,
+    patch=_patch,
+    remove_when="speculators 0.3.0 is no longer supported (0.4.0 dropped the [0])",
+)

@@ -1,0 +1,49 @@
+"""vLLM V1 turns prefix caching on by default; extraction must compute every token.
+
+A prefix-cache hit skips the forward for the cached tokens, so their hidden
+states are never captured; and requests built by hand carry no block hasher,
+so vLLM 0.16 asserts in ``cache_full_blocks``. The generator's ``CacheConfig``
+is built with prefix caching off unless the caller chose otherwise
+(speculators 0.4.0 does the same).
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from ..patching import Patcher
+from ..registry import Adapter, Side
+from ..targets import GENERATOR, with_defaults
+from ..versions import spec
+
+ID = "vllm.cache_config.prefix_caching_default_on"
+
+
+def _probe() -> str | None:
+    from vllm.config import CacheConfig
+
+    if CacheConfig().enable_prefix_caching is False:
+        return "CacheConfig() has prefix caching off by default"
+    return None
+
+
+def _patch(patcher: Patcher) -> None:
+    def on_generator(module: ModuleType) -> None:
+        patcher.wrap(module, "CacheConfig",
+                     lambda original: with_defaults(original, enable_prefix_caching=False))
+
+    patcher.on_import(GENERATOR, on_generator)
+
+
+ADAPTER = Adapter(
+    id=ID,
+    summary="the generator's CacheConfig has prefix caching off, so every token is computed",
+    upstream="vLLM V1 engine: CacheConfig.enable_prefix_caching defaults to True; requests "
+    "need Request(block_hasher=...) when it is on",
+    vllm=spec(">=0.11.0"),
+    speculators=spec("==0.3.*"),
+    side=Side.DRIVER,
+    probe=_probe,
+    patch=_patch,
+    remove_when="speculators 0.3.0 is no longer supported (0.4.0 disables prefix caching)",
+)

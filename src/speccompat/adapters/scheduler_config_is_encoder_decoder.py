@@ -1,0 +1,45 @@
+"""``SchedulerConfig`` requires the init-only ``is_encoder_decoder`` from vLLM 0.12.0.
+
+speculators 0.3.0 extracts from decoder-only models, so ``False`` is the value
+(speculators 0.4.0 passes the same).
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from ..patching import Patcher
+from ..registry import Adapter, Side
+from ..targets import GENERATOR, requires_argument, with_defaults
+from ..versions import spec
+
+ID = "vllm.scheduler_config.is_encoder_decoder_required"
+
+
+def _probe() -> str | None:
+    from vllm.config import SchedulerConfig
+
+    if not requires_argument(SchedulerConfig, "is_encoder_decoder"):
+        return "SchedulerConfig does not require is_encoder_decoder"
+    return None
+
+
+def _patch(patcher: Patcher) -> None:
+    def on_generator(module: ModuleType) -> None:
+        patcher.wrap(module, "SchedulerConfig",
+                     lambda original: with_defaults(original, is_encoder_decoder=False))
+
+    patcher.on_import(GENERATOR, on_generator)
+
+
+ADAPTER = Adapter(
+    id=ID,
+    summary="SchedulerConfig(...) built by speculators 0.3.0 gets is_encoder_decoder=False",
+    upstream="vLLM 0.12.0: SchedulerConfig.is_encoder_decoder became a required InitVar",
+    vllm=spec(">=0.12.0"),
+    speculators=spec("==0.3.*"),
+    side=Side.DRIVER,
+    probe=_probe,
+    patch=_patch,
+    remove_when="speculators 0.3.0 is no longer supported",
+)

