@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+from speccompat.adapters.chunked_prefill_abort import ID
+from support import make_request, only, requires_speculators, requires_vllm
+
+pytestmark = [requires_vllm, requires_speculators]
+
+
+def _run_speculators_loop(scheduler: Any) -> dict[str, int]:
+    """speculators 0.3.0's generate() loop (without the executor): tokens scheduled per request."""
+    from vllm.v1.request import RequestStatus
+
+    scheduled: dict[str, int] = {}
+    while (output := scheduler.schedule()).total_num_scheduled_tokens > 0:
+        for req_id, count in output.num_scheduled_tokens.items():
+            scheduled[req_id] = scheduled.get(req_id, 0) + count
+        for req_id in output.num_scheduled_tokens:
+            scheduler.finish_requests([req_id], RequestStatus.FINISHED_ABORTED)
+    return scheduled
+
+
+def _scheduler(cls: Any, vllm_config: Any, kv_cache_config: Any) -> Any:
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    return cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+               structured_output_manager=StructuredOutputManager(vllm_config), block_size=16)
+
+
+def test_raw_loop_drops_the_rest_of_a_chunked_prompt(
+    vllm_config: Any, kv_cache_config: Any
+) -> None:
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    budget = vllm_config.scheduler_config.max_num_batched_tokens  # 1024
+    scheduler = _scheduler(Scheduler, vllm_config, kv_cache_config)
+    for i, length in enumerate([700, 700]):
+        scheduler.add_request(make_request(f"r{i}", length))
+    assert _run_speculators_loop(scheduler) == {"r0": 700, "r1": budget - 700}
+
+
+def test_generator_scheduler_finishes_every_prefill(
+    generator_module: ModuleType, vllm_config: Any, kv_cache_config: Any
+) -> None:
+    with only(ID):
+        scheduler = _scheduler(generator_module.Scheduler, vllm_config, kv_cache_config)
+    for i, length in enumerate([700, 700, 30]):
+        scheduler.add_request(make_request(f"r{i}", length))
+    assert _run_speculators_loop(scheduler) == {"r0": 700, "r1": 700, "r2": 30}
+    assert not scheduler.requests  # every request was aborted once prefilled

@@ -1,0 +1,79 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import speccompat
+from speccompat.adapters.collective_rpc_unique_reply_rank import ID, ListReplyExecutor
+from support import requires_speculators, requires_vllm, speculators_generator
+
+pytestmark = [requires_vllm, requires_speculators]
+
+
+@pytest.fixture(scope="module")
+def executor(vllm_config: Any) -> Any:
+    from vllm.v1.executor.multiproc_executor import MultiprocExecutor
+
+    executor = MultiprocExecutor(vllm_config=vllm_config)
+    yield executor
+    executor.shutdown()
+
+
+def test_raw_unique_reply_is_the_bare_result(executor: Any) -> None:
+    everyone = executor.collective_rpc("get_kv_cache_spec")
+    rank0 = executor.collective_rpc("get_kv_cache_spec", unique_reply_rank=0)
+    assert isinstance(everyone, list) and len(everyone) == 1
+    assert isinstance(rank0, dict) and rank0.keys() == everyone[0].keys()
+
+
+def test_speccompat_collective_rpc_contract(executor: Any) -> None:
+    everyone = speccompat.collective_rpc(executor, "get_kv_cache_spec")
+    rank0 = speccompat.collective_rpc(executor, "get_kv_cache_spec", rank=0)
+    assert isinstance(everyone, list) and len(everyone) == 1
+    assert isinstance(rank0, dict) and rank0.keys() == everyone[0].keys()
+    with pytest.raises(ValueError):
+        speccompat.collective_rpc(executor, "get_kv_cache_spec", rank=-1)
+
+
+def test_consumer_view_keeps_the_list_contract(executor: Any) -> None:
+    view = ListReplyExecutor(executor)
+    replies = view.collective_rpc("get_kv_cache_spec", unique_reply_rank=0)
+    assert isinstance(replies, list) and len(replies) == 1 and isinstance(replies[0], dict)
+    assert view.collective_rpc("get_kv_cache_spec")[0].keys() == replies[0].keys()
+    assert view.vllm_config is executor.vllm_config  # everything else is the executor's
+
+
+UNIPROC = """
+import json, sys
+import speccompat
+from vllm.engine.arg_utils import EngineArgs
+from vllm.v1.executor.uniproc_executor import UniProcExecutor
+config = EngineArgs(model=sys.argv[1], max_model_len=256, enforce_eager=True).create_engine_config()
+executor = UniProcExecutor(config)
+everyone = speccompat.collective_rpc(executor, "get_kv_cache_spec")
+rank0 = speccompat.collective_rpc(executor, "get_kv_cache_spec", rank=0)
+print(json.dumps([type(everyone).__name__, len(everyone), type(rank0).__name__]))
+executor.shutdown()
+"""
+
+
+def test_uniproc_executor_has_the_same_contract(tiny_llama: Path) -> None:
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(UNIPROC), str(tiny_llama)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == '["list", 1, "dict"]'
+
+
+def test_generator_fails_without_it(tiny_llama: Path) -> None:
+    import tiny_models
+
+    prompts = tiny_models.make_prompts(tiny_models.VOCAB_SIZE, [12, 30])
+    # [0] takes layer 1's tensor, whose truth value is ambiguous.
+    with speculators_generator(tiny_llama, exclude=(ID,), layer_ids=[1, 2]) as gen, \
+            pytest.raises(RuntimeError, match="ambiguous"):
+        gen.generate(prompts)

@@ -1,0 +1,47 @@
+"""The independent reference: HF transformers on the same random weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+
+def layer_outputs(model_dir: Path, prompts: list[list[int]]) -> list[list[torch.Tensor]]:
+    """Per prompt, the output of every decoder layer before the final norm, in float32.
+
+    Taken with forward hooks rather than ``output_hidden_states``, whose last
+    entry has the final norm applied; for the other layers the two agree
+    (``hidden_states[k + 1]``), which the e2e tests check as well.
+    """
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    model.eval()
+    captured: list[torch.Tensor] = []
+
+    def hook(module: torch.nn.Module, args: object, output: object) -> None:
+        value = output[0] if isinstance(output, tuple) else output
+        assert isinstance(value, torch.Tensor)
+        captured.append(value[0].detach().clone())
+
+    handles = [layer.register_forward_hook(hook) for layer in model.model.layers]
+    results = []
+    try:
+        with torch.no_grad():
+            for prompt in prompts:
+                captured.clear()
+                model(input_ids=torch.tensor([prompt]), use_cache=False)
+                results.append(list(captured))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return results
+
+
+def relative_errors(got: torch.Tensor, want: torch.Tensor) -> tuple[float, float]:
+    """(mean, max) absolute difference, relative to the reference's mean / max magnitude."""
+    diff = (got.float() - want.float()).abs()
+    scale = want.float().abs()
+    return (float(diff.mean() / max(scale.mean().item(), 1e-6)),
+            float(diff.max() / max(scale.max().item(), 1e-6)))

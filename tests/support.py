@@ -1,0 +1,77 @@
+"""Helpers the test modules import (conftest modules cannot be imported by name)."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+def _installed(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+requires_vllm = pytest.mark.skipif(not _installed("vllm"), reason="vLLM is not installed")
+requires_speculators = pytest.mark.skipif(
+    not _installed("speculators"), reason="speculators is not installed")
+
+
+@contextlib.contextmanager
+def speculators_generator(
+    model: Path,
+    *,
+    apply: bool = True,
+    exclude: tuple[str, ...] = (),
+    **kwargs: Any,
+) -> Iterator[Any]:
+    """speculators' own VllmHiddenStatesGenerator, with speccompat applied (minus ``exclude``)."""
+    import speccompat
+
+    if apply:
+        speccompat.apply(exclude=exclude)
+    generator = None
+    try:
+        from speculators.data_generation.vllm_hidden_states_generator import (
+            VllmHiddenStatesGenerator,
+        )
+
+        kwargs.setdefault("max_model_len", 1024)
+        generator = VllmHiddenStatesGenerator(str(model), **kwargs)
+        yield generator
+    finally:
+        if generator is not None and hasattr(generator, "executor"):
+            generator.executor.shutdown()
+            del generator.executor
+        del generator
+        gc.collect()
+        speccompat.revert()
+
+
+@contextlib.contextmanager
+def only(*adapter_ids: str) -> Iterator[None]:
+    """Exactly these adapters applied for the block; the ids must exist in the catalogue."""
+    import speccompat
+
+    report = speccompat.apply(only=adapter_ids)
+    try:
+        for adapter_id in adapter_ids:
+            assert report.state_of(adapter_id) is speccompat.State.APPLIED, report
+        yield
+    finally:
+        speccompat.revert()
+
+
+def make_request(request_id: str, length: int):  # type: ignore[no-untyped-def]
+    """A request built the way speculators 0.3.0 builds it (no block hasher)."""
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.request import Request
+
+    return Request(request_id=request_id, prompt_token_ids=list(range(10, 10 + length)),
+                   sampling_params=SamplingParams(max_tokens=1, temperature=0.0),
+                   pooling_params=None, eos_token_id=2, arrival_time=0.0)
