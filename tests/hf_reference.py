@@ -45,3 +45,9 @@ def relative_errors(got: torch.Tensor, want: torch.Tensor) -> tuple[float, float
     scale = want.float().abs()
     return (float(diff.mean() / max(scale.mean().item(), 1e-6)),
             float(diff.max() / max(scale.max().item(), 1e-6)))
+
+
+def token_errors(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """Per token: largest absolute difference relative to the reference's largest magnitude."""
+    diff = (got.float() - want.float()).abs().amax(dim=-1)
+    return diff / max(want.float().abs().max().item(), 1e-6)

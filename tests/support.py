@@ -37,12 +37,11 @@ def speculators_generator(
         speccompat.apply(exclude=exclude)
     generator = None
     try:
-        from speculators.data_generation.vllm_hidden_states_generator import (
-            VllmHiddenStatesGenerator,
-        )
+        from speculators.data_generation import vllm_hidden_states_generator as module
 
         kwargs.setdefault("max_model_len", 1024)
-        generator = VllmHiddenStatesGenerator(str(model), **kwargs)
+        with _cpu_rotary_kernel_off(module):
+            generator = module.VllmHiddenStatesGenerator(str(model), **kwargs)
         yield generator
     finally:
         if generator is not None and hasattr(generator, "executor"):
@@ -51,6 +50,37 @@ def speculators_generator(
         del generator
         gc.collect()
         speccompat.revert()
+
+
+@contextlib.contextmanager
+def _cpu_rotary_kernel_off(module: Any) -> Iterator[None]:
+    """Test scaffolding for a vLLM CPU-build bug, not a speccompat adapter.
+
+    vLLM's CPU ``rotary_embedding`` kernel reads the head count as
+    ``query.size(-1) / head_size``, right only for 2-D queries; DeepSeek's attention
+    with MLA disabled (the only way it runs on CPU) passes 3-D ones, so every token
+    comes out wrong. The generator builds its own VllmConfig, so the native rotary
+    op is chosen here. No CUDA path is affected.
+    """
+    import torch
+
+    if torch.cuda.is_available():
+        yield
+        return
+    from vllm.config import CompilationConfig
+
+    original = module.VllmConfig
+
+    def config(*args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("compilation_config",
+                          CompilationConfig(custom_ops=["all", "-rotary_embedding"]))
+        return original(*args, **kwargs)
+
+    module.VllmConfig = config
+    try:
+        yield
+    finally:
+        module.VllmConfig = original
 
 
 @contextlib.contextmanager

@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import pytest
+
 from speccompat.adapters.chunked_prefill_abort import ID
-from support import make_request, only, requires_speculators, requires_vllm
+from support import make_request, only, requires_speculators, requires_vllm, speculators_generator
 
 pytestmark = [requires_vllm, requires_speculators]
 
@@ -50,3 +53,14 @@ def test_generator_scheduler_finishes_every_prefill(
         scheduler.add_request(make_request(f"r{i}", length))
     assert _run_speculators_loop(scheduler) == {"r0": 700, "r1": 700, "r2": 30}
     assert not scheduler.requests  # every request was aborted once prefilled
+
+
+def test_generator_fails_without_it(tiny_llama: Path) -> None:
+    import tiny_models
+
+    # 3 x 3000 tokens exceed the 8192-token step: the third prompt is cut after 2192.
+    prompts = tiny_models.make_prompts(tiny_models.VOCAB_SIZE, [3000, 3000, 3000])
+    with speculators_generator(tiny_llama, exclude=(ID,), layer_ids=[1],
+                               max_model_len=4096) as gen, \
+            pytest.raises(RuntimeError, match="fully prefilled"):
+        gen.generate(prompts)

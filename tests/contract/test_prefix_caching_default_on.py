@@ -1,12 +1,13 @@
 from __future__ import annotations
 
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
 from speccompat.adapters.prefix_caching_default_on import ID
-from support import make_request, only, requires_speculators, requires_vllm
+from support import make_request, only, requires_speculators, requires_vllm, speculators_generator
 
 pytestmark = [requires_vllm, requires_speculators]
 
@@ -50,3 +51,12 @@ def test_generator_cache_config_computes_every_token(
     scheduler.add_request(make_request("r0", 40))
     assert scheduler.schedule().num_scheduled_tokens == {"r0": 40}
     assert generator_module.CacheConfig is CacheConfig
+
+
+def test_generator_fails_without_it(tiny_llama: Path) -> None:
+    import tiny_models
+
+    prompts = tiny_models.make_prompts(tiny_models.VOCAB_SIZE, [40])
+    with speculators_generator(tiny_llama, exclude=(ID,), layer_ids=[1]) as gen, \
+            pytest.raises(AssertionError):
+        gen.generate(prompts)

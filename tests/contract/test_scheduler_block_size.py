@@ -1,13 +1,14 @@
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
 from speccompat.adapters.scheduler_block_size import ID
-from support import only, requires_speculators, requires_vllm
+from support import only, requires_speculators, requires_vllm, speculators_generator
 
 pytestmark = [requires_vllm, requires_speculators]
 
@@ -37,3 +38,10 @@ def test_generator_call_gets_the_cache_block_size(
     assert isinstance(scheduler, Scheduler)
     assert scheduler.block_size == vllm_config.cache_config.block_size == 16
     assert generator_module.Scheduler is Scheduler
+
+
+def test_generator_fails_without_it(tiny_llama: Path) -> None:
+    with pytest.raises(TypeError, match="block_size"), speculators_generator(
+        tiny_llama, exclude=(ID,), layer_ids=[1]
+    ):
+        pass

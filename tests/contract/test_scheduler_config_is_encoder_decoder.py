@@ -1,11 +1,12 @@
 from __future__ import annotations
 
+from pathlib import Path
 from types import ModuleType
 
 import pytest
 
 from speccompat.adapters.scheduler_config_is_encoder_decoder import ID
-from support import only, requires_speculators, requires_vllm
+from support import only, requires_speculators, requires_vllm, speculators_generator
 
 pytestmark = [requires_vllm, requires_speculators]
 SPECULATORS_ARGS = {"max_num_seqs": 32, "max_model_len": 1024, "max_num_batched_tokens": 8192}
@@ -26,3 +27,10 @@ def test_generator_call_gets_a_decoder_only_config(generator_module: ModuleType)
     assert isinstance(config, SchedulerConfig)
     assert config.max_num_batched_tokens == 8192
     assert generator_module.SchedulerConfig is SchedulerConfig  # reverted
+
+
+def test_generator_fails_without_it(tiny_llama: Path) -> None:
+    with pytest.raises(Exception, match="is_encoder_decoder"), speculators_generator(
+        tiny_llama, exclude=(ID,), layer_ids=[1]
+    ):
+        pass

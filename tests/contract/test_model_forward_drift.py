@@ -1,0 +1,146 @@
+"""speculators 0.3.0's copied model forward vs vLLM's own, and the hook-based capture."""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import speccompat
+from speccompat.adapters.model_forward_drift import ID
+from support import requires_speculators, requires_vllm, speculators_generator
+
+pytestmark = [requires_vllm, requires_speculators]
+WORKER_EXTENSION = "speculators.data_generation.custom_worker.HiddenStatesWorkerExtension"
+
+
+def test_raw_inner_models_renamed_get_input_embeddings() -> None:
+    from vllm.model_executor.models.deepseek_v2 import DeepseekV2Model
+    from vllm.model_executor.models.llama import LlamaModel
+
+    for model in (LlamaModel, DeepseekV2Model):
+        assert hasattr(model, "embed_input_ids")
+        assert not hasattr(model, "get_input_embeddings")
+
+
+def test_raw_deepseek_forward_passes_llama_4_scaling_to_each_layer() -> None:
+    from speculators.data_generation import custom_worker
+    from vllm.model_executor.models.deepseek_v2 import DeepseekV2DecoderLayer, DeepseekV2Model
+
+    assert "llama_4_scaling" in inspect.signature(DeepseekV2DecoderLayer.forward).parameters
+    assert "llama_4_scaling" in inspect.getsource(DeepseekV2Model.forward)
+    assert "llama_4_scaling" not in inspect.getsource(custom_worker._patched_forward)
+
+
+def test_raw_deepseek_is_rejected_by_speculators_check() -> None:
+    from vllm.model_executor.models.deepseek_v2 import DeepseekV3ForCausalLM
+    from vllm.model_executor.models.interfaces import supports_eagle3
+
+    assert not supports_eagle3(DeepseekV3ForCausalLM)
+
+
+def test_raw_kimi_k25_has_no_model_attribute() -> None:
+    from vllm.model_executor.models.kimi_k25 import KimiK25ForConditionalGeneration
+
+    source = inspect.getsource(KimiK25ForConditionalGeneration.__init__)
+    assert "self.language_model" in source and "self.model =" not in source
+    assert hasattr(KimiK25ForConditionalGeneration, "get_language_model")
+
+
+def test_generator_fails_without_it(tiny_llama: Path) -> None:
+    import tiny_models
+
+    prompts = tiny_models.make_prompts(tiny_models.VOCAB_SIZE, [9])
+    # The copied forward already runs in the warm-up inside the generator's constructor.
+    with pytest.raises(RuntimeError, match="get_input_embeddings"), speculators_generator(
+        tiny_llama, exclude=(ID,), layer_ids=[1]
+    ) as gen:
+        gen.generate(prompts)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_deepseek_llama4_scaling: Path) -> Iterator[Any]:
+    """An in-process engine (engine core and worker in this process) on a DeepSeek V3
+    config that sets llama_4_scaling, with speculators' worker extension."""
+    from vllm import LLM
+
+    old = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    try:
+        llm = LLM(model=str(tiny_deepseek_llama4_scaling), max_model_len=256,
+                  enforce_eager=True, enable_prefix_caching=False,
+                  worker_extension_cls=WORKER_EXTENSION)
+    finally:
+        if old is None:
+            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
+        else:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = old
+    yield llm
+    del llm
+
+
+def _spy_layers(llm: Any) -> tuple[list[Any], list[Any], list[Any]]:
+    """Record, per decoder-layer call, llama_4_scaling as received and the layer output."""
+    model = llm.llm_engine.model_executor.driver_worker.worker.model_runner.get_model()
+    scales: list[Any] = []
+    outputs: list[Any] = []
+
+    def before(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        scale = args[3] if len(args) > 3 else kwargs.get("llama_4_scaling")
+        scales.append(None if scale is None else scale.detach().clone())
+
+    def after(module: Any, args: Any, output: Any) -> None:
+        hidden, residual = output
+        outputs.append((hidden + residual).detach().clone())
+
+    handles = []
+    for layer in model.model.layers:
+        handles.append(layer.register_forward_pre_hook(before, with_kwargs=True))
+        handles.append(layer.register_forward_hook(after))
+    return scales, outputs, handles
+
+
+def _generate(llm: Any, prompt: list[int]) -> None:
+    from vllm import SamplingParams
+
+    llm.generate([{"prompt_token_ids": prompt}], SamplingParams(max_tokens=1), use_tqdm=False)
+
+
+def test_capture_keeps_vllms_llama_4_scaling(engine: Any) -> None:
+    import torch
+    from vllm.model_executor.models.deepseek_v2 import _get_llama_4_scaling
+
+    import tiny_models
+
+    prompt = tiny_models.make_prompts(tiny_models.VOCAB_SIZE, [40])[0]  # past 16: scale > 1
+    scales, outputs, handles = _spy_layers(engine)
+    try:
+        _generate(engine, prompt)  # vLLM's own forward, nothing patched
+        reference_scales, reference_outputs = list(scales), list(outputs)
+        scales.clear()
+        outputs.clear()
+        report = speccompat.apply(only=[ID])
+        assert report.state_of(ID) is speccompat.State.APPLIED
+        engine.collective_rpc("_setup_hidden_states_capture", args=([1, 3],))
+        engine.collective_rpc("_reset_capture")
+        _generate(engine, prompt)
+        captured = engine.collective_rpc("_get_captured_states")[0]
+    finally:
+        speccompat.revert()
+        for handle in handles:
+            handle.remove()
+    positions = torch.arange(len(prompt))
+    expected = _get_llama_4_scaling(original_max_position_embeddings=16, scaling_beta=0.5,
+                                    positions=positions)
+    assert len(scales) == len(reference_scales) == 4
+    for got, want in zip(scales, reference_scales, strict=True):
+        assert want is not None and got is not None
+        assert torch.equal(got, want)
+        assert torch.allclose(want[: len(prompt)].float(), expected.float())
+    assert [c.shape for c in captured] == [(len(prompt), 64)] * 2
+    assert torch.equal(captured[0], reference_outputs[1][: len(prompt)])
+    assert torch.equal(captured[1], reference_outputs[3][: len(prompt)])
