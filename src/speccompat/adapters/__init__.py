@@ -15,6 +15,7 @@ from . import (
     kv_cache_config_from_groups,
     model_forward_drift,
     prefix_caching_default_on,
+    request_eos_token_id_removed,
     scheduler_block_size,
     scheduler_config_is_encoder_decoder,
 )
@@ -26,6 +27,7 @@ ADAPTERS: tuple[Adapter, ...] = (
     scheduler_config_is_encoder_decoder.ADAPTER,
     kv_cache_config_from_groups.ADAPTER,
     prefix_caching_default_on.ADAPTER,
+    request_eos_token_id_removed.ADAPTER,
     cpu_mem_get_info.ADAPTER,
     chunked_prefill_abort.ADAPTER,
     model_forward_drift.ADAPTER,
