@@ -22,6 +22,18 @@ requires_speculators = pytest.mark.skipif(
     not _installed("speculators"), reason="speculators is not installed")
 
 
+def gpu_count() -> int:
+    """Visible CUDA devices, without initialising CUDA in this process (NVML)."""
+    if not _installed("torch"):
+        return 0
+    import torch
+
+    return int(torch.cuda.device_count())
+
+
+requires_cuda = pytest.mark.skipif(gpu_count() == 0, reason="no CUDA device")
+
+
 @contextlib.contextmanager
 def speculators_generator(
     model: Path,
@@ -40,7 +52,7 @@ def speculators_generator(
         from speculators.data_generation import vllm_hidden_states_generator as module
 
         kwargs.setdefault("max_model_len", 1024)
-        with _cpu_rotary_kernel_off(module):
+        with _test_kernels(module):
             generator = module.VllmHiddenStatesGenerator(str(model), **kwargs)
         yield generator
     finally:
@@ -53,27 +65,35 @@ def speculators_generator(
 
 
 @contextlib.contextmanager
-def _cpu_rotary_kernel_off(module: Any) -> Iterator[None]:
-    """Test scaffolding for a vLLM CPU-build bug, not a speccompat adapter.
+def _test_kernels(module: Any) -> Iterator[None]:
+    """Test scaffolding for kernel choices of the test machines, not a speccompat adapter.
 
-    vLLM's CPU ``rotary_embedding`` kernel reads the head count as
-    ``query.size(-1) / head_size``, right only for 2-D queries; DeepSeek's attention
-    with MLA disabled (the only way it runs on CPU) passes 3-D ones, so every token
-    comes out wrong. The generator builds its own VllmConfig, so the native rotary
-    op is chosen here. No CUDA path is affected.
+    The generator builds its own VllmConfig, so these are injected there:
+    - CPU: vLLM's CPU ``rotary_embedding`` kernel reads the head count as
+      ``query.size(-1) / head_size``, right only for 2-D queries; DeepSeek with MLA
+      disabled (the only way it runs on CPU) passes 3-D ones and every token comes
+      out wrong, so the native rotary op is chosen.
+    - CUDA: the FlashInfer CUTLASS MoE backend that vLLM picks for DeepSeek did not
+      finish starting on the test host (its kernels are not shipped), so Triton's.
     """
     import torch
 
-    if torch.cuda.is_available():
-        yield
-        return
-    from vllm.config import CompilationConfig
+    extra: dict[str, Any] = {}
+    if not torch.cuda.is_available():
+        from vllm.config import CompilationConfig
 
+        extra["compilation_config"] = CompilationConfig(custom_ops=["all", "-rotary_embedding"])
+    else:
+        import vllm.config
+
+        kernel_config = getattr(vllm.config, "KernelConfig", None)
+        if kernel_config is not None and "moe_backend" in kernel_config.__dataclass_fields__:
+            extra["kernel_config"] = kernel_config(moe_backend="triton")
     original = module.VllmConfig
 
     def config(*args: Any, **kwargs: Any) -> Any:
-        kwargs.setdefault("compilation_config",
-                          CompilationConfig(custom_ops=["all", "-rotary_embedding"]))
+        for key, value in extra.items():
+            kwargs.setdefault(key, value)
         return original(*args, **kwargs)
 
     module.VllmConfig = config

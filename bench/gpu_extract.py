@@ -1,0 +1,191 @@
+"""Extraction throughput on one GPU: plain vLLM prefill, speculators 0.3.0 + speccompat, HF.
+
+A random-weight bf16 model with Llama-3.1-8B's shapes is built locally from a config;
+512 prompts of 512 to 2048 random tokens. Each measurement runs in its own process
+(a clean GPU), after a warm-up batch, and prints tokens/s:
+
+  (a) vLLM ``LLM.generate`` with ``max_tokens=1``: prefill, no capture;
+  (b) speculators 0.3.0's VllmHiddenStatesGenerator after ``speccompat.apply()``,
+      4 layers captured and returned on the CPU;
+  (c) HF transformers ``output_hidden_states=True``, one prompt at a time.
+
+    python bench/gpu_extract.py [--prompts 512] [--workdir /tmp/bench] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+LLAMA_31_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                   num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+                   max_position_embeddings=8192, rope_theta=500000.0, rms_norm_eps=1e-5)
+LAYER_IDS = [2, 16, 29, 31]  # speculators' default for 32 layers
+MAX_MODEL_LEN = 2049
+
+
+def build_model(path: Path) -> Path:
+    """Random bf16 weights with Llama-3.1-8B's shapes and a word-level tokenizer of its vocab."""
+    if (path / "config.json").exists() and list(path.glob("*.safetensors")):
+        return path
+    import torch
+    from tokenizers import Tokenizer, models
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    config = LlamaConfig(**LLAMA_31_8B, bos_token_id=1, eos_token_id=2, dtype="bfloat16",
+                         tie_word_embeddings=False)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(str(path), safe_serialization=True, max_shard_size="20GB")
+    vocab = {f"t{i}": i for i in range(config.vocab_size)}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))
+    PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="t0", bos_token="t1",
+                            eos_token="t2").save_pretrained(str(path))
+    del model
+    torch.cuda.empty_cache()  # the measurements run in other processes and need the memory
+    return path
+
+
+def make_prompts(count: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    vocab = LLAMA_31_8B["vocab_size"]
+    return [[rng.randrange(3, vocab) for _ in range(rng.randint(512, 2048))]
+            for _ in range(count)]
+
+
+def run_vllm(model: str, prompts: list[list[int]]) -> float:
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(model=model, max_model_len=MAX_MODEL_LEN, enable_prefix_caching=False,
+              gpu_memory_utilization=0.8)
+    params = SamplingParams(max_tokens=1, temperature=0.0)
+    as_inputs = [{"prompt_token_ids": p} for p in prompts]
+    llm.generate(as_inputs[:16], params, use_tqdm=False)
+    start = time.perf_counter()
+    llm.generate(as_inputs, params, use_tqdm=False)
+    return time.perf_counter() - start
+
+
+def run_speculators(model: str, prompts: list[list[int]], batch: int) -> float:
+    import speccompat
+
+    report = speccompat.apply()
+    assert all(o.state.value in ("applied", "not needed") for o in report.outcomes), report
+    from speculators.data_generation.vllm_hidden_states_generator import (
+        VllmHiddenStatesGenerator,
+    )
+
+    generator = VllmHiddenStatesGenerator(model, layer_ids=LAYER_IDS,
+                                          max_model_len=MAX_MODEL_LEN,
+                                          gpu_memory_utilization=0.8)
+    generator.generate(prompts[:batch])
+    start = time.perf_counter()
+    for at in range(0, len(prompts), batch):
+        results = generator.generate(prompts[at:at + batch])
+        assert all(len(r["hidden_states"]) == len(LAYER_IDS) for r in results)
+    seconds = time.perf_counter() - start
+    generator.executor.shutdown()
+    return seconds
+
+
+def run_hf(model: str, prompts: list[list[int]]) -> float:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    net = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16, device_map="cuda")
+    net.eval()
+
+    def one(prompt: list[int]) -> None:
+        with torch.no_grad():
+            out = net.model(input_ids=torch.tensor([prompt], device="cuda"),
+                            output_hidden_states=True, use_cache=False)
+            [out.hidden_states[i + 1].cpu() for i in LAYER_IDS]
+
+    for prompt in prompts[:4]:
+        one(prompt)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for prompt in prompts:
+        one(prompt)
+    torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def child(kind: str, model: str, prompts_file: str, batch: int) -> None:
+    prompts = json.loads(Path(prompts_file).read_text())
+    runner = {"vllm": lambda: run_vllm(model, prompts),
+              "speculators": lambda: run_speculators(model, prompts, batch),
+              "hf": lambda: run_hf(model, prompts)}[kind]
+    seconds = runner()
+    print("RESULT " + json.dumps({"kind": kind, "seconds": seconds}), flush=True)
+
+
+def measure(kind: str, model: Path, prompts_file: Path, batch: int) -> float | None:
+    env = {**os.environ, "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
+    proc = subprocess.run([sys.executable, __file__, "--child", kind, "--model", str(model),
+                           "--prompts-file", str(prompts_file), "--batch", str(batch)],
+                          env=env, capture_output=True, text=True)
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return float(json.loads(line[7:])["seconds"])
+    print(f"{kind} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}", file=sys.stderr)
+    return None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompts", type=int, default=512)
+    parser.add_argument("--batch", type=int, default=32, help="prompts per generate() call")
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/speccompat-bench"))
+    parser.add_argument("--only", nargs="*", default=["vllm", "speculators", "hf"])
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--child")
+    parser.add_argument("--model")
+    parser.add_argument("--prompts-file")
+    args = parser.parse_args()
+    if args.child:
+        child(args.child, args.model, args.prompts_file, args.batch)
+        return 0
+
+    import torch
+
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    model = build_model(args.workdir / "llama-3.1-8b-shapes")
+    print(f"model ready in {time.perf_counter() - start:.0f} s: {model}", flush=True)
+    prompts = make_prompts(args.prompts)
+    tokens = sum(len(p) for p in prompts)
+    prompts_file = args.workdir / "prompts.json"
+    prompts_file.write_text(json.dumps(prompts))
+    rates: dict[str, float | None] = {}
+    for kind in args.only:
+        seconds = measure(kind, model, prompts_file, args.batch)
+        rates[kind] = tokens / seconds if seconds else None
+        print(f"{kind:<12} {seconds or float('nan'):8.2f} s  "
+              f"{rates[kind] or float('nan'):10.0f} tokens/s", flush=True)
+    a, b, c = rates.get("vllm"), rates.get("speculators"), rates.get("hf")
+    print(f"\n{len(prompts)} prompts, {tokens} tokens, {torch.cuda.get_device_name()}")
+    print(f"(a) vLLM prefill              {a or 0:10.0f} tokens/s")
+    print(f"(b) speculators + speccompat  {b or 0:10.0f} tokens/s   target >= 27000")
+    print(f"(c) HF output_hidden_states   {c or 0:10.0f} tokens/s")
+    if a and b:
+        print(f"(b)/(a) = {b / a:.3f}   target >= 0.9")
+    if b and c:
+        print(f"(b)/(c) = {b / c:.2f}    target >= 5")
+    if args.json:
+        args.json.write_text(json.dumps({"prompts": len(prompts), "tokens": tokens,
+                                         "tokens_per_s": rates,
+                                         "gpu": torch.cuda.get_device_name()}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""speculators 0.3.0 + speccompat on CUDA vLLM: HF parity, real MLA, llama_4_scaling, Kimi-K2.5.
+
+Run with ``nox -s gpu`` or, on a host without a package index, pytest against staged
+packages (docs/gpu-results.md says how).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from support import (
+    gpu_count,
+    requires_cuda,
+    requires_speculators,
+    requires_vllm,
+    speculators_generator,
+)
+
+pytestmark = [requires_vllm, requires_speculators, requires_cuda]
+
+# bf16 in vLLM against HF in fp32 on the same bf16 weights (see tests/e2e/test_seed_pair.py).
+MEAN_TOLERANCE = 0.05
+MAX_TOLERANCE = 0.15
+GPU_MEMORY = 0.3  # the tests share the GPU with the HF reference
+
+
+def _prompts(lengths: list[int], seed: int = 0) -> list[list[int]]:
+    import tiny_models
+
+    return tiny_models.make_prompts(tiny_models.VOCAB_SIZE, lengths, seed=seed)
+
+
+def _check(reference: list[list[Any]], prompts: list[list[int]], results: list[dict[str, Any]],
+           layer_ids: list[int], hidden: int, outliers: float = 0.0) -> float:
+    import torch
+
+    import hf_reference
+
+    worst = 0.0
+    assert len(results) == len(prompts)
+    for prompt, result, want in zip(prompts, results, reference, strict=True):
+        states = result["hidden_states"]
+        assert len(states) == len(layer_ids)
+        for layer, got in zip(layer_ids, states, strict=True):
+            assert got.shape == (len(prompt), hidden) and got.dtype == torch.bfloat16
+            mean, _ = hf_reference.relative_errors(got, want[layer])
+            off = int((hf_reference.token_errors(got, want[layer]) > MAX_TOLERANCE).sum())
+            assert mean < MEAN_TOLERANCE and off <= outliers * len(prompt), (
+                f"layer {layer}, {len(prompt)} tokens: mean {mean:.2e}, {off} tokens off")
+            worst = max(worst, mean)
+    return worst
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_llama_matches_hf(tiny_llama: Path, tp: int) -> None:
+    import hf_reference
+
+    if tp > gpu_count():
+        pytest.skip(f"TP={tp} needs {tp} GPUs, {gpu_count()} visible")
+    layer_ids = [0, 1, 2, 3]
+    prompts = _prompts([5, 17, 300, 64, 1000])
+    with speculators_generator(tiny_llama, layer_ids=layer_ids, tensor_parallel_size=tp,
+                               gpu_memory_utilization=GPU_MEMORY) as gen:
+        results = gen.generate(prompts)
+    worst = _check(hf_reference.layer_outputs(tiny_llama, prompts), prompts, results,
+                   layer_ids, 64)
+    print(f"llama TP={tp}: worst mean relative error vs HF {worst:.2e}")
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_deepseek_mla_matches_hf(deepseek_mla: Path, tp: int) -> None:
+    import hf_reference
+
+    if tp > gpu_count():
+        pytest.skip(f"TP={tp} needs {tp} GPUs, {gpu_count()} visible")
+    layer_ids = [0, 2, 3]
+    prompts = _prompts([5, 17, 300, 64])
+    with speculators_generator(deepseek_mla, layer_ids=layer_ids, tensor_parallel_size=tp,
+                               gpu_memory_utilization=GPU_MEMORY) as gen:
+        results = gen.generate(prompts)
+    worst = _check(hf_reference.layer_outputs(deepseek_mla, prompts), prompts, results,
+                   layer_ids, 256, outliers=0.05)
+    print(f"deepseek MLA TP={tp}: worst mean relative error vs HF {worst:.2e}")
+
+
+VLLM_OWN_FORWARD = """
+import sys, torch
+from vllm import LLM, SamplingParams
+model, out = sys.argv[1], sys.argv[2]
+prompts = torch.load(out + ".prompts", weights_only=True)
+llm = LLM(model=model, max_model_len=1024, enforce_eager=True, enable_prefix_caching=False,
+          gpu_memory_utilization=0.2, moe_backend="triton")
+net = llm.llm_engine.model_executor.driver_worker.worker.model_runner.get_model()
+calls = []
+hooks = [layer.register_forward_hook(lambda m, a, o: calls.append((o[0] + o[1]).cpu()))
+         for layer in net.model.layers]
+states = []
+for prompt in prompts:
+    calls.clear()
+    llm.generate([{"prompt_token_ids": prompt}], SamplingParams(max_tokens=1), use_tqdm=False)
+    states.append([c[: len(prompt)] for c in calls[: len(net.model.layers)]])
+torch.save(states, out)
+"""
+
+
+def test_llama_4_scaling_is_vllms_own(deepseek_mla_llama4_scaling: Path, tmp_path: Path) -> None:
+    """With MLA on, llama_4_scaling scales the queries; the capture must equal vLLM's own
+    forward (one prompt at a time, in a separate process) and differ from HF's, which
+    ignores the key, past position 16."""
+    import torch
+
+    import hf_reference
+
+    layer_ids = [0, 3]
+    prompts = _prompts([40, 200])
+    out = tmp_path / "vllm_own.pt"
+    torch.save(prompts, str(out) + ".prompts")
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    run = subprocess.run([sys.executable, "-c", textwrap.dedent(VLLM_OWN_FORWARD),
+                          str(deepseek_mla_llama4_scaling), str(out)],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-4000:]
+    own = torch.load(out, weights_only=True)
+    with speculators_generator(deepseek_mla_llama4_scaling, layer_ids=layer_ids,
+                               gpu_memory_utilization=GPU_MEMORY) as gen:
+        results = gen.generate(prompts)
+    _check(own, prompts, results, layer_ids, 256, outliers=0.05)
+    hf = hf_reference.layer_outputs(deepseek_mla_llama4_scaling, prompts)
+    late = [hf_reference.relative_errors(results[1]["hidden_states"][1][16:], hf[1][3][16:])[0]]
+    early = [hf_reference.relative_errors(results[1]["hidden_states"][1][:16], hf[1][3][:16])[0]]
+    print(f"llama_4_scaling: vs HF before position 16 {early[0]:.2e}, after {late[0]:.2e}")
+    assert early[0] < MEAN_TOLERANCE < late[0]
+
+
+def test_kimi_k25_architecture(models_dir: Path) -> None:
+    import hf_reference
+    import tiny_models
+
+    if not hasattr(tiny_models, "build_kimi_k25"):
+        pytest.skip("no tiny Kimi-K2.5 builder in this checkout")
+    model = tiny_models.build_kimi_k25(models_dir / "kimi-k25")
+    reference_model = tiny_models.kimi_text_reference(model)
+    layer_ids = [0, 2, 3]
+    prompts = _prompts([9, 120, 33])
+    with speculators_generator(model, layer_ids=layer_ids,
+                               gpu_memory_utilization=GPU_MEMORY) as gen:
+        results = gen.generate(prompts)
+    _check(hf_reference.layer_outputs(reference_model, prompts), prompts, results, layer_ids,
+           64, outliers=0.05)
+
+
+def test_real_kimi_k25_on_sm120() -> None:
+    """Opt-in: SPECCOMPAT_KIMI_K25_PATH names a Kimi-K2.5 checkpoint; needs SM120 GPUs."""
+    import torch
+
+    path = os.environ.get("SPECCOMPAT_KIMI_K25_PATH")
+    missing = []
+    if not path:
+        missing.append("SPECCOMPAT_KIMI_K25_PATH is not set")
+    capability = torch.cuda.get_device_capability()
+    if capability != (12, 0):
+        missing.append(f"GPU compute capability is {capability[0]}.{capability[1]}, not 12.0")
+    if missing:
+        pytest.skip("; ".join(missing))
+
+    layer_ids = [2, 30, 58, 60]
+    prompts = _prompts([512, 77], seed=3)
+    with speculators_generator(Path(str(path)), layer_ids=layer_ids,
+                               tensor_parallel_size=gpu_count(), max_model_len=4096) as gen:
+        results = gen.generate(prompts)
+    for prompt, result in zip(prompts, results, strict=True):
+        states = result["hidden_states"]
+        assert len(states) == 4
+        for state in states:
+            assert state.shape == (len(prompt), 7168) and state.dtype == torch.bfloat16
+            assert torch.isfinite(state).all()
