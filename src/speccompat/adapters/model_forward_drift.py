@@ -19,7 +19,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from .. import guards
+from .. import guards, shm
 from ..errors import CorruptCaptureError
 from ..patching import Patcher
 from ..registry import Adapter, Side
@@ -136,7 +136,9 @@ class LayerCapture:
                 per_slot[slot].extend(chunks)
         self.reset()
         joined = [torch.cat(chunks, dim=0) for chunks in per_slot]
-        return [joined[self.slots[lid]] for lid in self.layer_ids]
+        # Host memory, shared with the driver: pickling CUDA tensors through vLLM's
+        # message queue costs more than the forward (docs/gpu-results.md).
+        return shm.to_host([joined[self.slots[lid]] for lid in self.layer_ids])
 
 
 def _setup_hidden_states_capture(self: Any, layer_ids: list[int]) -> None:
