@@ -17,6 +17,15 @@ from .errors import (
     VllmNotInstalledError,
     WorkerFailedError,
 )
+from .layers import (
+    LayerIdConvention,
+    LayerIdError,
+    LayerIdRecord,
+    default_layer_ids,
+    hf_hidden_states_index,
+    to_speculators_ids,
+    to_vllm_aux_ids,
+)
 from .registry import (
     Adapter,
     Outcome,
@@ -39,6 +48,9 @@ __all__ = [
     "AdapterError",
     "CorruptCaptureError",
     "Environment",
+    "LayerIdConvention",
+    "LayerIdError",
+    "LayerIdRecord",
     "Outcome",
     "Package",
     "Report",
@@ -54,7 +66,11 @@ __all__ = [
     "apply",
     "catalogue",
     "collective_rpc",
+    "default_layer_ids",
     "detect",
+    "hf_hidden_states_index",
     "report",
     "revert",
+    "to_speculators_ids",
+    "to_vllm_aux_ids",
 ]
