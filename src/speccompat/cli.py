@@ -1,4 +1,4 @@
-"""``python -m speccompat doctor | matrix | adapters``."""
+"""``python -m speccompat doctor | matrix | adapters | verify``."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import json
 import sys
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 
-from . import matrix, registry
+from . import matrix, registry, verify
 from .versions import detect
 
 
@@ -62,6 +63,17 @@ def show_adapters(markdown: bool) -> int:
     return 0
 
 
+def verify_outputs(directory: Path, model: Path | None, as_json: bool) -> int:
+    """Check hidden-state files in ``directory``; 0 only when every file passes."""
+    try:
+        report = verify.verify_dir(directory, model=model)
+    except verify.TorchMissingError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(report.to_json() if as_json else report.render())
+    return 0 if report.ok else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="speccompat", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -71,7 +83,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_matrix.add_argument("--json", action="store_true")
     p_adapters = sub.add_parser("adapters", help="the adapter catalogue")
     p_adapters.add_argument("--markdown", action="store_true")
+    p_verify = sub.add_parser(
+        "verify", help="check hidden-state extraction outputs in DIR",
+        description="Check hidden-state extraction outputs: speculators 0.3/0.4 data_{i}.pt "
+        "(read with torch.load(weights_only=True) only) or *.safetensors from speculators "
+        ">= 0.5 / vLLM's ExampleHiddenStatesConnector. Exit 0 only if every file passes; "
+        "1 on any failure; 2 without torch.")
+    p_verify.add_argument("directory", metavar="DIR", type=Path,
+                          help="where data_{i}.pt or *.safetensors files were written")
+    p_verify.add_argument("--model", metavar="MODEL_DIR", type=Path, default=None,
+                          help="the target model (its config.json gives the hidden size)")
+    p_verify.add_argument("--json", action="store_true", help="machine-readable output")
     args = parser.parse_args(argv)
+    if args.command == "verify":
+        return verify_outputs(args.directory, args.model, args.json)
     if args.command == "doctor":
         return doctor(args.json)
     if args.command == "matrix":

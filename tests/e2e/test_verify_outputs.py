@@ -1,0 +1,381 @@
+"""``python -m speccompat verify``: real files written with torch / safetensors, good and bad.
+
+The good layouts are written the way speculators 0.3/0.4 (``torch.save`` of one dict
+per sample, plus ``data_config.json``) and vLLM's ExampleHiddenStatesConnector
+(``save_file`` of ``hidden_states`` ``[tokens, layers, hidden]`` and ``token_ids``)
+write them; each corrupted variant must fail, naming the file and the problem.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from speccompat import cli  # noqa: E402
+from speccompat.verify import SEED_BUG_ADAPTER, Status, verify_dir  # noqa: E402
+
+HIDDEN = 64
+LAYER_IDS = [1, 2, 3, 4]  # what a 4-layer capture records; values are arbitrary here
+LENGTHS = [5, 17, 9]
+
+
+# --------------------------------------------------------------------------- writers
+
+
+def write_model(path: Path, hidden: int, *, nested: bool = False) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    config: dict[str, Any] = {"model_type": "llama", "num_hidden_layers": 4}
+    if nested:
+        config["text_config"] = {"hidden_size": hidden}
+    else:
+        config["hidden_size"] = hidden
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+def data_config(layer_ids: list[int], hidden: int, num_samples: int) -> dict[str, Any]:
+    """What speculators 0.3.0's DataGenerationConfig.to_dict() writes (abridged values)."""
+    return {
+        "version": "2.0",
+        "generated_at": "2025-01-01T00:00:00+00:00",
+        "speculators_version": "0.3.0",
+        "reproducibility": {
+            "command": "data_generation_offline.py",
+            "package_versions": {"torch": "2.10.0", "vllm": "0.16.0",
+                                 "transformers": "4.57.0", "speculators": "0.3.0"},
+            "gpu": "CPU only",
+        },
+        "model": {"target_model_path": "/models/tiny", "tensor_parallel_size": 1,
+                  "gpu_memory_utilization": 0.8, "hidden_size": hidden},
+        "data": {"train_data_path": "sharegpt", "seq_length": 64, "max_samples": None,
+                 "num_samples": num_samples, "seed": 0},
+        "hidden_states": {"layer_ids": layer_ids, "description": "..."},
+        "generation": {"cache_dir": "/tmp"},
+        "format": {"file_pattern": "data_{idx}.pt", "data_format_version": 1, "schema": {}},
+    }
+
+
+def make_sample(rows: int, *, layers: int = len(LAYER_IDS), hidden: int = HIDDEN,
+                dtype: Any = None, seed: int = 0) -> dict[str, Any]:
+    generator = torch.Generator().manual_seed(seed)
+    dtype = dtype or torch.bfloat16
+    return {
+        "input_ids": torch.randint(0, 1000, (rows,), generator=generator, dtype=torch.long),
+        # layer i holds the value i (plus noise): an order or offset bug would show
+        "hidden_states": [(torch.randn(rows, hidden, generator=generator) + i).to(dtype)
+                          for i in range(layers)],
+        "loss_mask": torch.ones(rows, dtype=torch.long),
+    }
+
+
+def write_pt_dir(path: Path, lengths: list[int] = LENGTHS, *, hidden: int = HIDDEN,
+                 config: bool = True, indices: list[int] | None = None) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    indices = list(range(len(lengths))) if indices is None else indices
+    for index, rows in zip(indices, lengths, strict=True):
+        torch.save(make_sample(rows, hidden=hidden, seed=index), path / f"data_{index}.pt")
+    if config:
+        (path / "data_config.json").write_text(
+            json.dumps(data_config(LAYER_IDS, hidden, len(lengths)), indent=2))
+    return path
+
+
+def write_safetensors_dir(path: Path, lengths: list[int] = LENGTHS, *,
+                          names: list[str] | None = None) -> Path:
+    save_file = pytest.importorskip("safetensors.torch").save_file
+    names = names or [f"hs_{i}.safetensors" for i in range(len(lengths))]
+    for seed, (name, rows) in enumerate(zip(names, lengths, strict=True)):
+        sample = make_sample(rows, seed=seed)
+        (path / name).parent.mkdir(parents=True, exist_ok=True)
+        save_file({"hidden_states": torch.stack(sample["hidden_states"], dim=1).contiguous(),
+                   "token_ids": sample["input_ids"]}, str(path / name))
+    return path
+
+
+def verify(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    code = cli.main(["verify", *args])
+    return code, capsys.readouterr().out
+
+
+def verify_json(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str, Any]]:
+    code, out = verify(capsys, *args, "--json")
+    return code, json.loads(out)
+
+
+def line_of(out: str, name: str) -> str:
+    return next(line for line in out.splitlines() if line.startswith(name + " "))
+
+
+def only_failure(payload: dict[str, Any]) -> dict[str, Any]:
+    failed = [f for f in payload["files"] if not f["ok"]]
+    assert len(failed) == 1, failed
+    return failed[0]
+
+
+# --------------------------------------------------------------------------- good outputs
+
+
+def test_good_pt_dir_passes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = write_pt_dir(tmp_path / "out")
+    model = write_model(tmp_path / "model", HIDDEN)
+    code, out = verify(capsys, str(data), "--model", str(model))
+    assert code == 0, out
+    for index, rows in enumerate(LENGTHS):
+        assert line_of(out, f"data_{index}.pt").split() == [
+            f"data_{index}.pt", "ok", "4", str(rows), str(HIDDEN), "bfloat16"]
+    assert "len(hidden_states.layer_ids) in data_config.json" in out
+    assert f"--model {model}" in out
+    assert "vllm 0.16.0" in out and "speculators 0.3.0" in out
+    assert out.splitlines()[-1] == "total: 3 files, 3 ok, 0 failed, 0 missing: OK"
+
+    code, payload = verify_json(capsys, str(data), "--model", str(model))
+    assert code == 0
+    assert payload["ok"] is True
+    assert payload["totals"] == {"files": 3, "ok": 3, "failed": 0, "missing": 0}
+    assert payload["expected"]["layers"] == 4 and payload["expected"]["hidden"] == HIDDEN
+    assert [f["file"] for f in payload["files"]] == ["data_0.pt", "data_1.pt", "data_2.pt"]
+    assert [f["rows"] for f in payload["files"]] == LENGTHS
+    assert payload["missing"] == [] and payload["problems"] == []
+
+
+def test_good_pt_dir_without_metadata_or_model(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    data = write_pt_dir(tmp_path / "out", config=False)
+    code, payload = verify_json(capsys, str(data))
+    assert code == 0, payload
+    assert payload["expected"]["layers_from"] == payload["expected"]["hidden_from"] == "most files"
+
+
+def test_model_hidden_size_from_text_config(tmp_path: Path) -> None:
+    data = write_pt_dir(tmp_path / "out")
+    report = verify_dir(data, model=write_model(tmp_path / "model", HIDDEN, nested=True))
+    assert report.ok, report.render()
+
+
+def test_module_entry_point(tmp_path: Path) -> None:
+    data = write_pt_dir(tmp_path / "out")
+    model = write_model(tmp_path / "model", HIDDEN)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECCOMPAT_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "speccompat", "verify", str(data), "--model", str(model)],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.splitlines()[-1].endswith(": OK")
+
+
+def test_good_safetensors_dir_passes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = write_safetensors_dir(tmp_path / "out")
+    model = write_model(tmp_path / "model", HIDDEN)
+    code, payload = verify_json(capsys, str(data), "--model", str(model))
+    assert code == 0, payload
+    assert [(f["file"], f["format"], f["layers"], f["rows"], f["hidden"], f["dtype"])
+            for f in payload["files"]] == [
+        (f"hs_{i}.safetensors", "safetensors", 4, rows, HIDDEN, "bfloat16")
+        for i, rows in enumerate(LENGTHS)]
+
+
+def test_connector_request_files_under_hidden_states(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    names = ["hidden_states/req-a.safetensors", "hidden_states/req-b.safetensors"]
+    data = write_safetensors_dir(tmp_path / "out", LENGTHS[:2], names=names)
+    (data / "hidden_states" / "req-a.safetensors.lock").write_text("")
+    code, payload = verify_json(capsys, str(data))
+    assert code == 0, payload
+    assert [f["file"] for f in payload["files"]] == names
+
+
+# --------------------------------------------------------------------------- corrupted outputs
+
+
+def test_seed_bug_signature(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """speculators 0.3.0 on vLLM >= 0.11.1, unpatched: 771 tensors [512], not 4 [512, 7168]."""
+    data = tmp_path / "out"
+    data.mkdir()
+    (data / "data_config.json").write_text(json.dumps(data_config([2, 30, 57, 60], 7168, 1)))
+    torch.save({"input_ids": torch.arange(512),
+                "hidden_states": [torch.randn(512).to(torch.bfloat16) for _ in range(771)],
+                "loss_mask": torch.ones(512, dtype=torch.long)}, data / "data_0.pt")
+    model = write_model(tmp_path / "kimi", 7168)
+    code, out = verify(capsys, str(data), "--model", str(model))
+    assert code == 1, out
+    line = line_of(out, "data_0.pt")
+    assert line.split()[:3] == ["data_0.pt", "FAIL", "771"]
+    assert "771 layers, expected 4 (len(hidden_states.layer_ids) in data_config.json)" in line
+    assert "hidden_states: no item is 2-D [rows, hidden] (found 771 x [512])" in line
+    assert SEED_BUG_ADAPTER in line
+    assert out.splitlines()[-1] == "total: 1 files, 0 ok, 1 failed, 0 missing: NOT OK"
+
+
+def test_truncated_pt(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = write_pt_dir(tmp_path / "out")
+    victim = data / "data_1.pt"
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    code, out = verify(capsys, str(data))
+    assert code == 1
+    line = line_of(out, "data_1.pt")
+    assert "FAIL" in line
+    assert "unreadable (truncated: a zip archive without its central directory" in line
+    assert "Error: " in line  # torch's own error is named too
+    assert line_of(out, "data_0.pt").split()[1] == "ok"
+    assert line_of(out, "data_2.pt").split()[1] == "ok"
+
+
+def test_nan_in_one_layer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = write_pt_dir(tmp_path / "out")
+    sample = make_sample(LENGTHS[2], seed=2)
+    sample["hidden_states"][2][3, 5] = float("nan")
+    sample["hidden_states"][2][4, 0] = float("inf")
+    torch.save(sample, data / "data_2.pt")
+    code, payload = verify_json(capsys, str(data))
+    assert code == 1
+    failure = only_failure(payload)
+    assert failure["file"] == "data_2.pt"
+    assert failure["reasons"] == ["non-finite values (NaN/inf) in layers 2 (2 values)"]
+
+
+def test_missing_index(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = write_pt_dir(tmp_path / "out", [5, 9], indices=[0, 2])
+    code, out = verify(capsys, str(data))
+    assert code == 1
+    assert "MISSING: 1 index missing from data_{i}.pt: data_1.pt" in out
+    assert out.splitlines()[-1] == "total: 2 files, 2 ok, 0 failed, 1 missing: NOT OK"
+    code, payload = verify_json(capsys, str(data))
+    assert payload["missing"] == [{"pattern": "data_{i}.pt", "indices": [1],
+                                   "files": ["data_1.pt"]}]
+    assert payload["ok"] is False
+
+
+def test_wrong_hidden_size_for_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = write_pt_dir(tmp_path / "out")
+    model = write_model(tmp_path / "model", 128)
+    code, payload = verify_json(capsys, str(data), "--model", str(model))
+    assert code == 1
+    assert payload["totals"]["failed"] == 3
+    for result in payload["files"]:
+        assert f"hidden size {HIDDEN}, expected 128 (--model {model})" in result["reasons"]
+    assert any("records hidden_size 64, but --model says 128" in n for n in payload["notes"])
+
+
+def test_rows_differ_from_input_ids(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = write_pt_dir(tmp_path / "out")
+    sample = make_sample(10, seed=1)
+    sample["hidden_states"][3] = sample["hidden_states"][3][:9]
+    torch.save(sample, data / "data_1.pt")
+    code, payload = verify_json(capsys, str(data))
+    assert code == 1
+    failure = only_failure(payload)
+    assert failure["file"] == "data_1.pt"
+    assert failure["reasons"] == ["layers 3 have 9 rows, but input_ids has 10"]
+
+
+def test_loss_mask_wrong_length(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = write_pt_dir(tmp_path / "out")
+    sample = make_sample(LENGTHS[0], seed=0)
+    sample["loss_mask"] = torch.ones(LENGTHS[0] + 3, dtype=torch.long)
+    torch.save(sample, data / "data_0.pt")
+    code, payload = verify_json(capsys, str(data))
+    assert code == 1
+    failure = only_failure(payload)
+    assert failure["reasons"] == [f"loss_mask has {LENGTHS[0] + 3} entries, but input_ids "
+                                  f"has {LENGTHS[0]}"]
+
+
+def test_loss_mask_none_is_fine(tmp_path: Path) -> None:
+    data = write_pt_dir(tmp_path / "out")
+    sample = make_sample(LENGTHS[0], seed=0)
+    sample["loss_mask"] = None
+    torch.save(sample, data / "data_0.pt")
+    assert verify_dir(data).ok
+
+
+def test_dtype_differs_across_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = write_pt_dir(tmp_path / "out")
+    torch.save(make_sample(LENGTHS[1], seed=1, dtype=torch.float16), data / "data_1.pt")
+    code, payload = verify_json(capsys, str(data))
+    assert code == 1
+    assert only_failure(payload)["reasons"] == ["dtype float16, but most files are bfloat16"]
+
+
+class Payload:
+    """Pickles as a call to ``_touch``: loading it unsafely would create ``marker``."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return (_touch, (self.marker,))
+
+
+class PlainObject:
+    def __init__(self) -> None:
+        self.value = 1
+
+
+def _touch(path: str) -> None:
+    Path(path).write_text("executed")
+
+
+@pytest.mark.parametrize("kind", ["reduce", "plain"])
+def test_pickle_needing_more_than_weights_only(tmp_path: Path, kind: str,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    data = write_pt_dir(tmp_path / "out")
+    marker = tmp_path / "executed"
+    sample = make_sample(LENGTHS[0], seed=0)
+    sample["extra"] = Payload(marker) if kind == "reduce" else PlainObject()
+    torch.save(sample, data / "data_0.pt")
+    code, out = verify(capsys, str(data))
+    assert code == 1
+    line = line_of(out, "data_0.pt")
+    assert "refused: not loadable with torch.load(weights_only=True)" in line
+    assert ("_touch" if kind == "reduce" else "PlainObject") in line
+    assert "not unpickled" in line
+    assert not marker.exists(), "verify executed a pickle"
+
+
+def test_truncated_safetensors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = write_safetensors_dir(tmp_path / "out")
+    victim = data / "hs_0.safetensors"
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    (data / "hs_2.safetensors").unlink()
+    (data / "hs_3.safetensors").write_bytes((data / "hs_1.safetensors").read_bytes())
+    code, out = verify(capsys, str(data))
+    assert code == 1
+    assert "unreadable (truncated or corrupt)" in line_of(out, "hs_0.safetensors")
+    assert "MISSING: 1 index missing from hs_{i}.safetensors: hs_2.safetensors" in out
+
+
+def test_safetensors_wrong_layer_count(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    save_file = pytest.importorskip("safetensors.torch").save_file
+    data = write_safetensors_dir(tmp_path / "out")
+    save_file({"hidden_states": torch.zeros(7, 3, HIDDEN, dtype=torch.bfloat16),
+               "token_ids": torch.arange(7)}, str(data / "hs_1.safetensors"))
+    code, payload = verify_json(capsys, str(data))
+    assert code == 1
+    assert only_failure(payload)["reasons"] == ["3 layers, expected 4 (most files)"]
+
+
+@pytest.mark.parametrize("make", ["empty", "nonexistent"])
+def test_nothing_to_check_fails(tmp_path: Path, make: str,
+                                capsys: pytest.CaptureFixture[str]) -> None:
+    data = tmp_path / "out"
+    if make == "empty":
+        data.mkdir()
+    code, out = verify(capsys, str(data))
+    assert code == 1
+    expected = "no hidden-state files in" if make == "empty" else "does not exist"
+    assert f"PROBLEM: {data} {expected}" in out or expected in out
+    assert out.splitlines()[-1].endswith("NOT OK")
+
+
+def test_reports_status_enum(tmp_path: Path) -> None:
+    data = write_pt_dir(tmp_path / "out", [4], indices=[0])
+    report = verify_dir(data)
+    assert [f.status for f in report.files] == [Status.OK]
