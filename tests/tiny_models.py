@@ -30,13 +30,19 @@ MARKER = "tiny_model.json"
 _REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
 
-def build_tokenizer(path: Path) -> None:
-    """Write a WordLevel fast tokenizer (words ``t0`` .. ``t507``) to ``path``."""
+def build_tokenizer(path: Path, extra_special: tuple[str, ...] = ()) -> None:
+    """Write a WordLevel fast tokenizer (words ``t0`` .. ``t507``) to ``path``.
+
+    ``extra_special`` tokens (Kimi's media tokens) replace the last words, keeping their ids.
+    """
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
-    vocab.update({f"t{i}": len(SPECIAL_TOKENS) + i for i in range(VOCAB_SIZE - len(vocab))})
+    num_words = VOCAB_SIZE - len(vocab) - len(extra_special)
+    vocab.update({f"t{i}": len(SPECIAL_TOKENS) + i for i in range(num_words)})
+    vocab.update({tok: VOCAB_SIZE - len(extra_special) + i for i, tok in enumerate(extra_special)})
+    extra = {"additional_special_tokens": list(extra_special)} if extra_special else {}
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     backend.post_processor = processors.TemplateProcessing(
@@ -49,6 +55,7 @@ def build_tokenizer(path: Path) -> None:
         eos_token="</s>",
         pad_token="<pad>",
         model_max_length=4096,
+        **extra,
     )
     tok.save_pretrained(str(path))
 
@@ -87,6 +94,11 @@ def _build_cached(path: Path, params: dict[str, Any], make_config: Callable[[], 
     model = model.to(getattr(torch, params["dtype"]))
     model.save_pretrained(str(tmp), safe_serialization=True)
     build_tokenizer(tmp)
+    return _publish(tmp, path, params)
+
+
+def _publish(tmp: Path, path: Path, params: dict[str, Any]) -> Path:
+    """Mark the finished build ``tmp`` complete and move it to ``path``."""
     (tmp / MARKER).write_text(json.dumps(params, indent=2, sort_keys=True) + "\n")
     if path.exists():
         if _is_complete(path, params):  # another process won the race
@@ -218,6 +230,148 @@ def build_deepseek_v3(
         )
 
     return _build_cached(path, params, make_config)
+
+
+#: Kimi-K2.5's media tokens (real ids 163602..163605); here the last four ids, pad last.
+KIMI_MEDIA_TOKENS = ("<|media_begin|>", "<|media_content|>", "<|media_end|>", "<|media_pad|>")
+KIMI_MEDIA_PAD_ID = VOCAB_SIZE - 1
+_KIMI_PROCESSOR_FILE = "kimi_k25_vision_processing.py"
+_KIMI_PROCESSOR_SRC = '''"""Tiny stand-in for Kimi-K2.5's image processor."""
+import numpy as np
+import torch
+from transformers.image_processing_utils import BaseImageProcessor, BatchFeature
+
+
+class KimiK25VisionProcessor(BaseImageProcessor):
+    model_type = "kimi_k25"
+
+    def __init__(self, media_proc_cfg=None, **kwargs):
+        super().__init__(**kwargs)
+        self.media_proc_cfg = dict(media_proc_cfg or {})
+        self.num_frames_per_chunk = self.media_proc_cfg["temporal_merge_kernel_size"]
+
+    def media_tokens_calculator(self, media):
+        cfg = self.media_proc_cfg
+        return (cfg["image_side"] // cfg["patch_size"] // cfg["merge_kernel_size"]) ** 2
+
+    def preprocess(self, medias, return_tensors=None, **kwargs):
+        medias = medias if isinstance(medias, list) else [medias]
+        if not medias:
+            return BatchFeature(data={}, tensor_type=return_tensors)
+        side, p = self.media_proc_cfg["image_side"], self.media_proc_cfg["patch_size"]
+        pixels, grids = [], []
+        for media in medias:
+            frames = media["video_chunk"] if media["type"] == "video_chunk" else [media["image"]]
+            frames = [np.asarray(f.convert("RGB").resize((side, side))) for f in frames]
+            x = (np.stack(frames).astype(np.float32) / 255.0 - 0.5) / 0.5
+            t, n = x.shape[0], side // p
+            x = x.reshape(t, n, p, n, p, 3).transpose(0, 1, 3, 5, 2, 4).reshape(-1, 3, p, p)
+            pixels.append(torch.from_numpy(np.ascontiguousarray(x)))
+            grids.append([t, n, n])
+        data = {"pixel_values": torch.cat(pixels), "grid_thws": torch.tensor(grids)}
+        return BatchFeature(data=data, tensor_type=return_tensors)
+'''
+
+
+def _kimi_vision_weights(vision: dict[str, Any], text_hidden: int, seed: int) -> dict[str, Any]:
+    """Random float32 weights for every vision-tower and projector tensor vLLM loads."""
+    h, mlp, p = vision["hidden_size"], vision["intermediate_size"], vision["patch_size"]
+    side, merged, pos = vision["init_pos_emb_height"], h * 4, "vision_tower.patch_embed.pos_emb"
+    shapes: dict[str, tuple[int, ...]] = {
+        "vision_tower.patch_embed.proj.weight": (h, 3, p, p), f"{pos}.weight": (side, side, h),
+        "mm_projector.proj.0.weight": (merged, merged),  # merge_kernel_size [2, 2]
+        "mm_projector.proj.2.weight": (text_hidden, merged),
+    }
+    norms = ["vision_tower.encoder.final_layernorm", "mm_projector.pre_norm"]
+    for i in range(vision["num_hidden_layers"]):
+        block = f"vision_tower.encoder.blocks.{i}"
+        norms += [f"{block}.norm0", f"{block}.norm1"]
+        shapes.update({f"{block}.wqkv.weight": (3 * h, h), f"{block}.wo.weight": (h, h),
+                       f"{block}.mlp.fc0.weight": (mlp, h), f"{block}.mlp.fc1.weight": (h, mlp)})
+    shapes.update({f"{norm}.weight": (h,) for norm in norms})
+    shapes.update({f"{n[:-7]}.bias": s[:1] for n, s in list(shapes.items()) if pos not in n})
+    gen = torch.Generator().manual_seed(seed + 2)
+    out = {}
+    for name, shape in shapes.items():
+        noise = torch.randn(shape, generator=gen)  # norms near 1, so a skipped norm shows up
+        out[name] = 1.0 + 0.1 * noise if name[:-7] in norms else 0.1 * noise
+    return out
+
+
+def build_kimi_k25(
+    path: Path, *, num_layers: int = 4, hidden: int = 64, dtype: str = "bfloat16", seed: int = 0
+) -> Path:
+    """Build (or reuse) a random-weight ``KimiK25ForConditionalGeneration`` (vLLM >= 0.15).
+
+    config.json has the real Kimi-K2.5 layout: ``model_type: kimi_k25``, a DeepseekV3
+    ``text_config`` (``model_type: kimi_k2``), a one-block MoonViT ``vision_config`` (both the
+    names vLLM reads and the real ``vt_*`` aliases), ``media_placeholder_token_id``. The
+    language model is exactly :func:`build_deepseek_v3` with the same arguments, built into
+    ``path / "text_only"`` and saved here under ``language_model.``: the HF reference for the
+    text part is ``DeepseekV3ForCausalLM`` on :func:`kimi_text_reference` ``(path)``.
+
+    The image processor is local remote code (``kimi_k25_vision_processing.py``; frames are
+    resized to 56x56, 4 tokens each), which vLLM runs on a dummy image at startup even for
+    text-only prompts: vLLM 0.15/0.16 load it with trust_remote_code forced on, 0.22 needs
+    ``trust_remote_code=True``. The tokenizer's last four ids are Kimi's media tokens
+    (``<|media_pad|>`` is ``KIMI_MEDIA_PAD_ID``). vLLM CPU settings as for
+    :func:`build_deepseek_v3`. vLLM 0.15.x does not load it on CPU unpatched: Kimi's
+    ``__init__`` calls ``torch.cuda.current_device()`` and its ``load_weights`` maps
+    ``q_a_proj`` to ``fused_qkv_a_proj``, which the ``VLLM_MLA_DISABLE=1`` attention lacks.
+    """
+    from safetensors.torch import load_file, save_file
+
+    params: dict[str, Any] = {"arch": "kimi_k25", "builder_version": BUILDER_VERSION,
+                              "num_layers": num_layers, "hidden": hidden, "dtype": dtype,
+                              "seed": seed}
+    path = Path(path)
+    if _is_complete(path, params):
+        return path
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    text_dir = build_deepseek_v3(tmp / "text_only", num_layers=num_layers, hidden=hidden,
+                                 dtype=dtype, seed=seed)
+    text_config = json.loads((text_dir / "config.json").read_text())
+    text_config.update(model_type="kimi_k2", architectures=["DeepseekV3ForCausalLM"])
+    size = {"num_attention_heads": 2, "num_hidden_layers": 1, "hidden_size": 32,
+            "intermediate_size": 64}
+    vision: dict[str, Any] = {
+        **size, **{f"vt_{k}": v for k, v in size.items()}, "patch_size": 14,
+        "init_pos_emb_height": 4, "init_pos_emb_width": 4, "init_pos_emb_time": 4,
+        "pos_emb_type": "divided_fixed", "merge_kernel_size": [2, 2],
+        "video_attn_type": "spatial_temporal", "merge_type": "sd2_tpool",
+        "mm_projector_type": "patchmerger", "mm_hidden_size": 32, "projector_hidden_act": "gelu",
+        "projector_ln_eps": 1e-5, "text_hidden_size": hidden,
+    }
+    config = {
+        "architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
+        "text_config": text_config, "vision_config": vision, "ignore_index": -100,
+        "media_placeholder_token_id": KIMI_MEDIA_PAD_ID, "use_unified_vision_chunk": True,
+        "video_placeholder": "<|kimi_k25_video_placeholder|>", "bos_token_id": BOS_ID,
+        "eos_token_id": EOS_ID, "pad_token_id": PAD_ID, "tie_word_embeddings": False,
+        "dtype": dtype,
+    }
+    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    processor = {
+        "auto_map": {"AutoImageProcessor": f"{_KIMI_PROCESSOR_FILE[:-3]}.KimiK25VisionProcessor"},
+        "media_proc_cfg": {"patch_size": 14, "merge_kernel_size": 2, "image_side": 56,
+                           "temporal_merge_kernel_size": 4},
+    }
+    (tmp / "preprocessor_config.json").write_text(json.dumps(processor, indent=2) + "\n")
+    (tmp / _KIMI_PROCESSOR_FILE).write_text(_KIMI_PROCESSOR_SRC)
+    text_weights = load_file(text_dir / "model.safetensors")
+    tensors = {f"language_model.{k}": v for k, v in text_weights.items()}
+    for name, tensor in _kimi_vision_weights(vision, hidden, seed).items():
+        tensors[name] = tensor.to(getattr(torch, dtype))
+    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    build_tokenizer(tmp, extra_special=KIMI_MEDIA_TOKENS)
+    return _publish(tmp, path, params)
+
+
+def kimi_text_reference(path: Path) -> Path:
+    """The ``DeepseekV3ForCausalLM`` folder with a :func:`build_kimi_k25` model's text weights."""
+    return Path(path) / "text_only"
 
 
 def hf_hidden_states(
