@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class SpeccompatError(Exception):
-    """Base of every error speccompat raises on purpose."""
+    """Base of every error speccompat raises on purpose.
+
+    Picklable whatever the subclass's constructor takes: an error raised in a vLLM
+    worker travels to the driver pickled, and one that cannot be rebuilt there leaves
+    the driver waiting for a reply that never decodes (seen with vLLM 0.22.0).
+    """
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_restore, (type(self), self.args, dict(vars(self))))
 
 
 class SpeccompatWarning(UserWarning):
@@ -60,3 +70,11 @@ class CorruptCaptureError(SpeccompatError):
 
 class WorkerFailedError(SpeccompatError):
     """A vLLM worker raised while extracting; no partial batch is returned."""
+
+
+def _restore(cls: type[SpeccompatError], args: tuple[Any, ...],
+             state: dict[str, Any]) -> SpeccompatError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, *args)
+    vars(error).update(state)
+    return error
