@@ -236,6 +236,23 @@ def build_deepseek_v3(
 KIMI_MEDIA_TOKENS = ("<|media_begin|>", "<|media_content|>", "<|media_end|>", "<|media_pad|>")
 KIMI_MEDIA_PAD_ID = VOCAB_SIZE - 1
 _KIMI_PROCESSOR_FILE = "kimi_k25_vision_processing.py"
+_KIMI_CONFIG_FILE = "configuration_kimi_k25.py"
+# The real checkpoint ships its config class as remote code; speculators' generator reads
+# num_hidden_layers through AutoConfig(trust_remote_code=True). vLLM uses its own class.
+_KIMI_CONFIG_SRC = '''from transformers import DeepseekV3Config, PretrainedConfig
+
+
+class KimiK25Config(PretrainedConfig):
+    model_type = "kimi_k25"
+
+    def __init__(self, text_config=None, vision_config=None, **kwargs):
+        if isinstance(text_config, dict):
+            text_config = DeepseekV3Config(**{k: v for k, v in text_config.items()
+                                              if k != "model_type"})
+        self.text_config = text_config
+        self.vision_config = vision_config or {}
+        super().__init__(**kwargs)
+'''
 _KIMI_PROCESSOR_SRC = '''"""Tiny stand-in for Kimi-K2.5's image processor."""
 import numpy as np
 import torch
@@ -321,7 +338,7 @@ def build_kimi_k25(
     """
     from safetensors.torch import load_file, save_file
 
-    params: dict[str, Any] = {"arch": "kimi_k25", "builder_version": BUILDER_VERSION,
+    params: dict[str, Any] = {"arch": "kimi_k25", "builder_version": BUILDER_VERSION + 1,
                               "num_layers": num_layers, "hidden": hidden, "dtype": dtype,
                               "seed": seed}
     path = Path(path)
@@ -350,9 +367,10 @@ def build_kimi_k25(
         "media_placeholder_token_id": KIMI_MEDIA_PAD_ID, "use_unified_vision_chunk": True,
         "video_placeholder": "<|kimi_k25_video_placeholder|>", "bos_token_id": BOS_ID,
         "eos_token_id": EOS_ID, "pad_token_id": PAD_ID, "tie_word_embeddings": False,
-        "dtype": dtype,
+        "dtype": dtype, "auto_map": {"AutoConfig": f"{_KIMI_CONFIG_FILE[:-3]}.KimiK25Config"},
     }
     (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (tmp / _KIMI_CONFIG_FILE).write_text(_KIMI_CONFIG_SRC)
     processor = {
         "auto_map": {"AutoImageProcessor": f"{_KIMI_PROCESSOR_FILE[:-3]}.KimiK25VisionProcessor"},
         "media_proc_cfg": {"patch_size": 14, "merge_kernel_size": 2, "image_side": 56,

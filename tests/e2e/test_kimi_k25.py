@@ -1,0 +1,57 @@
+"""speculators 0.3.0 + speccompat on a tiny Kimi-K2.5-architecture checkpoint (vLLM >= 0.15):
+KimiK25ForConditionalGeneration has language_model and no .model, which speculators 0.3.0
+cannot find on its own; the text part is compared with HF DeepseekV3 on the same weights."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from support import requires_speculators, requires_vllm, speculators_generator
+
+pytestmark = [requires_vllm, requires_speculators]
+
+
+@pytest.fixture(scope="module")
+def tiny_kimi(models_dir: Path) -> Path:
+    import importlib.util
+
+    import tiny_models
+
+    if importlib.util.find_spec("vllm.model_executor.models.kimi_k25") is None:
+        pytest.skip("this vLLM has no KimiK25ForConditionalGeneration (added in 0.15.0)")
+    os.environ["VLLM_MLA_DISABLE"] = "1"  # Kimi's text model is MLA; the CPU build has none
+    return tiny_models.build_kimi_k25(models_dir / "kimi-k25")
+
+
+def test_kimi_k25_matches_hf_text_model(tiny_kimi: Path) -> None:
+    import torch
+
+    import hf_reference
+    import tiny_models
+
+    layer_ids = [0, 2, 3]
+    prompts = tiny_models.make_prompts(tiny_models.VOCAB_SIZE - len(tiny_models.KIMI_MEDIA_TOKENS),
+                                       [7, 40, 129])
+    with speculators_generator(tiny_kimi, layer_ids=layer_ids) as gen:
+        results = gen.generate(prompts)
+    reference = hf_reference.layer_outputs(tiny_models.kimi_text_reference(tiny_kimi), prompts)
+    for prompt, result, want in zip(prompts, results, reference, strict=True):
+        states = result["hidden_states"]
+        assert len(states) == len(layer_ids)
+        for layer, got in zip(layer_ids, states, strict=True):
+            assert got.shape == (len(prompt), 64) and got.dtype == torch.bfloat16
+            mean, _ = hf_reference.relative_errors(got, want[layer])
+            off = int((hf_reference.token_errors(got, want[layer]) > 0.15).sum())
+            # bf16 MoE routing flips move a few tokens (see test_seed_pair.py).
+            assert mean < 0.05 and off <= 0.05 * len(prompt), (layer, len(prompt), mean, off)
+
+
+def test_speculators_alone_cannot_find_the_layers(tiny_kimi: Path) -> None:
+    from speccompat.adapters.model_forward_drift import ID
+
+    with pytest.raises(RuntimeError, match="does not support hidden state extraction"), \
+            speculators_generator(tiny_kimi, exclude=(ID,), layer_ids=[1]):
+        pass
