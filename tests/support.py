@@ -48,6 +48,7 @@ def speculators_generator(
     if apply:
         speccompat.apply(exclude=exclude)
     generator = None
+    contexts = _zmq_contexts()
     try:
         from speculators.data_generation import vllm_hidden_states_generator as module
 
@@ -57,11 +58,33 @@ def speculators_generator(
         yield generator
     finally:
         if generator is not None and hasattr(generator, "executor"):
-            generator.executor.shutdown()
-            del generator.executor
+            executor = getattr(generator.executor, "unwrapped", generator.executor)
+            executor.shutdown()
+            del generator.executor, executor
+        _close_zmq(contexts)
         del generator
         gc.collect()
         speccompat.revert()
+
+
+def _zmq_contexts() -> set[int]:
+    import zmq
+
+    return {id(obj) for obj in gc.get_objects() if isinstance(obj, zmq.Context)}
+
+
+def _close_zmq(before: set[int]) -> None:
+    """Destroy the zmq contexts made since ``before`` without lingering.
+
+    After a worker failed, vLLM 0.22's executor shutdown leaves a driver-side zmq
+    context open with a message pending for the dead worker; terminating it at garbage
+    collection blocks forever (seen in these tests). Linger 0 drops the message.
+    """
+    import zmq
+
+    for obj in gc.get_objects():
+        if isinstance(obj, zmq.Context) and id(obj) not in before and not obj.closed:
+            obj.destroy(linger=0)
 
 
 @contextlib.contextmanager

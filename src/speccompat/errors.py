@@ -68,8 +68,12 @@ class CorruptCaptureError(SpeccompatError):
         )
 
 
-class WorkerFailedError(SpeccompatError):
-    """A vLLM worker raised while extracting; no partial batch is returned."""
+class WorkerFailedError(SpeccompatError, RuntimeError):
+    """A vLLM worker raised while extracting; no partial batch is returned.
+
+    Also a ``RuntimeError``, which is what vLLM raised there before, so existing
+    handlers keep working.
+    """
 
 
 def _restore(cls: type[SpeccompatError], args: tuple[Any, ...],

@@ -106,16 +106,17 @@ def test_chunked_prefill_keeps_every_token(tiny_llama: Path) -> None:
     _check_against_hf(tiny_llama, prompts, results, layer_ids, 64, torch.bfloat16)
 
 
-def test_deepseek_v3_matches_hf(tiny_deepseek: Path) -> None:
+@pytest.mark.parametrize("tp", [1, 2])
+def test_deepseek_v3_matches_hf(tiny_deepseek: Path, tp: int) -> None:
     import torch
 
     layer_ids = [0, 2, 3]  # a dense layer and MoE layers
     prompts = _prompts(LENGTHS)
-    with speculators_generator(tiny_deepseek, layer_ids=layer_ids) as gen:
+    with speculators_generator(tiny_deepseek, layer_ids=layer_ids, tensor_parallel_size=tp) as gen:
         results = gen.generate(prompts)
     worst = _check_against_hf(tiny_deepseek, prompts, results, layer_ids, 64, torch.bfloat16,
                               outliers=0.05)
-    print(f"deepseek_v3: worst mean relative error vs HF {worst:.2e}")
+    print(f"deepseek_v3 tp={tp}: worst mean relative error vs HF {worst:.2e}")
 
 
 def test_without_apply_the_seed_pair_fails(tiny_llama: Path) -> None:

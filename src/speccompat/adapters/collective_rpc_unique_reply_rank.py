@@ -13,6 +13,7 @@ from types import ModuleType
 from typing import Any
 
 from .. import guards
+from ..errors import WorkerFailedError
 from ..patching import Patcher
 from ..registry import Adapter, Side
 from ..rpc import collective_rpc
@@ -23,11 +24,31 @@ ID = "vllm.collective_rpc.unique_reply_rank"
 
 
 class ListReplyExecutor(Proxy):
-    """The executor as speculators 0.3.0 expects it: a unique reply comes as ``[result]``."""
+    """The executor as speculators 0.3.0 expects it: a unique reply comes as ``[result]``.
+
+    A worker failure becomes one ``WorkerFailedError``; the batch it interrupted is
+    lost, and so is the executor: every later call raises too, rather than return
+    states mixed with the interrupted batch's.
+    """
 
     def __init__(self, executor: Any) -> None:
         super().__init__(executor)
         object.__setattr__(self, "_capture", guards.CaptureExpectation(ID))
+        object.__setattr__(self, "_failure", None)
+
+    def _guarded(self, what: str, call: Any) -> Any:
+        failure = object.__getattribute__(self, "_failure")
+        if failure is not None:
+            raise WorkerFailedError(
+                f"{what}: this generator's vLLM workers failed earlier ({failure}); "
+                "build a new generator")
+        try:
+            return call()
+        except RuntimeError as exc:
+            object.__setattr__(self, "_failure", str(exc))
+            raise WorkerFailedError(
+                f"a vLLM worker failed during {what}: {exc}. No result of the batch was "
+                "returned, and this generator cannot be used again: build a new one") from exc
 
     def collective_rpc(
         self,
@@ -42,12 +63,12 @@ class ListReplyExecutor(Proxy):
         capture: guards.CaptureExpectation = object.__getattribute__(self, "_capture")
         capture.observe_rpc(method, args)
         if unique_reply_rank is None or non_block or extra:
-            return self.unwrapped.collective_rpc(
+            return self._guarded(str(method), lambda: self.unwrapped.collective_rpc(
                 method, timeout=timeout, args=args, kwargs=kwargs, non_block=non_block,
-                unique_reply_rank=unique_reply_rank, **extra)
-        result = collective_rpc(
+                unique_reply_rank=unique_reply_rank, **extra))
+        result = self._guarded(str(method), lambda: collective_rpc(
             self.unwrapped, method, rank=unique_reply_rank, args=args, kwargs=kwargs,
-            timeout=timeout)
+            timeout=timeout))
         if method == "_get_captured_states":
             capture.check(result, self.unwrapped.vllm_config)
         return [result]
@@ -55,7 +76,8 @@ class ListReplyExecutor(Proxy):
     def execute_model(self, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         capture: guards.CaptureExpectation = object.__getattribute__(self, "_capture")
         capture.observe_step(scheduler_output)
-        return self.inner.execute_model(scheduler_output, *args, **kwargs)
+        return self._guarded("execute_model", lambda: self.inner.execute_model(
+            scheduler_output, *args, **kwargs))
 
 
 def _probe() -> str | None:
