@@ -84,7 +84,7 @@ def run_pytest(session: nox.Session, folder: str, vllm: str, speculators: str) -
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
     session.install("ruff>=0.6", "mypy>=1.10", "-e", ".")
-    session.run("ruff", "check", "src", "tests", "noxfile.py", "demo")
+    session.run("ruff", "check", "src", "tests", "noxfile.py", "demo", "bench")
     session.run("mypy")
 
 
