@@ -48,7 +48,6 @@ def speculators_generator(
     if apply:
         speccompat.apply(exclude=exclude)
     generator = None
-    contexts = _zmq_contexts()
     try:
         from speculators.data_generation import vllm_hidden_states_generator as module
 
@@ -59,32 +58,40 @@ def speculators_generator(
     finally:
         if generator is not None and hasattr(generator, "executor"):
             executor = getattr(generator.executor, "unwrapped", generator.executor)
+            contexts = _queue_contexts(executor)
             executor.shutdown()
+            _close_zmq(contexts)
             del generator.executor, executor
-        _close_zmq(contexts)
         del generator
         gc.collect()
         speccompat.revert()
 
 
-def _zmq_contexts() -> set[int]:
+def _queue_contexts(executor: Any) -> list[Any]:
+    """The zmq contexts behind an executor's message queues (sockets one level down)."""
     import zmq
 
-    return {id(obj) for obj in gc.get_objects() if isinstance(obj, zmq.Context)}
+    queues = [getattr(executor, "rpc_broadcast_mq", None),
+              *(getattr(executor, "response_mqs", None) or [])]
+    contexts = []
+    for queue in filter(None, queues):
+        for value in vars(queue).values():
+            for obj in [value, *getattr(value, "__dict__", {}).values()]:
+                if isinstance(obj, zmq.Socket) and obj.context not in contexts:
+                    contexts.append(obj.context)
+    return contexts
 
 
-def _close_zmq(before: set[int]) -> None:
-    """Destroy the zmq contexts made since ``before`` without lingering.
+def _close_zmq(contexts: list[Any]) -> None:
+    """Destroy an executor's message-queue contexts without lingering.
 
-    After a worker failed, vLLM 0.22's executor shutdown leaves a driver-side zmq
-    context open with a message pending for the dead worker; terminating it at garbage
-    collection blocks forever (seen in these tests). Linger 0 drops the message.
+    After a worker failed, vLLM 0.22's executor shutdown leaves these contexts open with
+    a message pending for the dead worker; terminating one at garbage collection blocks
+    forever (seen in these tests). Linger 0 drops the message.
     """
-    import zmq
-
-    for obj in gc.get_objects():
-        if isinstance(obj, zmq.Context) and id(obj) not in before and not obj.closed:
-            obj.destroy(linger=0)
+    for context in contexts:
+        if not context.closed:
+            context.destroy(linger=0)
 
 
 @contextlib.contextmanager
