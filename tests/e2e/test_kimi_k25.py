@@ -52,6 +52,7 @@ def test_kimi_k25_matches_hf_text_model(tiny_kimi: Path) -> None:
 def test_speculators_alone_cannot_find_the_layers(tiny_kimi: Path) -> None:
     from speccompat.adapters.model_forward_drift import ID
 
-    with pytest.raises(RuntimeError, match="does not support hidden state extraction"), \
+    # Before vLLM 0.18 speculators' supports_eagle3 check refuses it; after, model.model fails.
+    with pytest.raises(RuntimeError, match=r"does not support hidden state|attribute 'model'"), \
             speculators_generator(tiny_kimi, exclude=(ID,), layer_ids=[1]):
         pass
