@@ -41,7 +41,7 @@ class Cell:
 
 CELLS: tuple[Cell, ...] = (
     Cell("0.16.0", "0.3.0", ci=True, note="seed pair: speculators 0.3.0 written for vLLM 0.11.0"),
-    Cell("0.22.0", "0.3.0", ci=True, note="Request without eos_token_id; the CUDA test host's vLLM"),
+    Cell("0.22.0", "0.3.0", ci=True, note="Request lost eos_token_id; the CUDA test host's vLLM"),
 )
 
 
