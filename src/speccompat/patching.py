@@ -73,6 +73,10 @@ class Patcher:
         else:
             self.replace(owner, name, make(getattr(owner, name)))
 
+    def wrap_on_import(self, module: str, name: str, make: Callable[[Any], Any]) -> None:
+        """``wrap`` the consumer's ``module.name``, now or right after ``module`` is imported."""
+        self.on_import(module, lambda loaded: self.wrap(loaded, name, make))
+
     def on_import(self, module: str, patch: Callable[[ModuleType], None]) -> None:
         """Run ``patch(module)`` now if ``module`` is imported, else right after its import."""
         loaded = sys.modules.get(module)

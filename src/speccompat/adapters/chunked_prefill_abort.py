@@ -8,7 +8,6 @@ has been scheduled, so the loop it already runs finishes the prefill.
 
 from __future__ import annotations
 
-from types import ModuleType
 from typing import Any
 
 from ..patching import Patcher
@@ -41,11 +40,8 @@ def _probe() -> str | None:
 
 
 def _patch(patcher: Patcher) -> None:
-    def on_generator(module: ModuleType) -> None:
-        patcher.wrap(module, "Scheduler",
-                     lambda original: wrap_factory(original, _abort_after_prefill))
-
-    patcher.on_import(GENERATOR, on_generator)
+    patcher.wrap_on_import(GENERATOR, "Scheduler",
+                           lambda original: wrap_factory(original, _abort_after_prefill))
 
 
 

@@ -9,7 +9,6 @@ the captured states are checked before the generator slices them.
 
 from __future__ import annotations
 
-from types import ModuleType
 from typing import Any
 
 from .. import guards
@@ -96,11 +95,8 @@ def _probe() -> str | None:
 
 
 def _patch(patcher: Patcher) -> None:
-    def on_generator(module: ModuleType) -> None:
-        patcher.wrap(module, "MultiprocExecutor",
-                     lambda original: wrap_factory(original, ListReplyExecutor))
-
-    patcher.on_import(GENERATOR, on_generator)
+    patcher.wrap_on_import(GENERATOR, "MultiprocExecutor",
+                           lambda original: wrap_factory(original, ListReplyExecutor))
 
 
 ADAPTER = Adapter(

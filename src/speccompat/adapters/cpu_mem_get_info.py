@@ -51,10 +51,7 @@ def _probe() -> str | None:
 
 
 def _patch(patcher: Patcher) -> None:
-    def on_generator(module: ModuleType) -> None:
-        patcher.replace(module, "torch", _Torch(module.torch))
-
-    patcher.on_import(GENERATOR, on_generator)
+    patcher.wrap_on_import(GENERATOR, "torch", _Torch)
 
 
 ADAPTER = Adapter(

@@ -7,7 +7,6 @@ be called after execute_model() returns None". speculators 0.3.0 only calls
 
 from __future__ import annotations
 
-from types import ModuleType
 from typing import Any
 
 from ..patching import Patcher
@@ -38,11 +37,8 @@ def _probe() -> str | None:
 
 
 def _patch(patcher: Patcher) -> None:
-    def on_generator(module: ModuleType) -> None:
-        patcher.wrap(module, "MultiprocExecutor",
-                     lambda original: wrap_factory(original, SamplingStepExecutor))
-
-    patcher.on_import(GENERATOR, on_generator)
+    patcher.wrap_on_import(GENERATOR, "MultiprocExecutor",
+                           lambda original: wrap_factory(original, SamplingStepExecutor))
 
 
 ADAPTER = Adapter(

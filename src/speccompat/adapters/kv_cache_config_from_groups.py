@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from types import ModuleType
 from typing import Any
 
 from ..patching import Patcher
@@ -37,10 +36,7 @@ def _probe() -> str | None:
 
 
 def _patch(patcher: Patcher) -> None:
-    def on_generator(module: ModuleType) -> None:
-        patcher.wrap(module, "get_kv_cache_config_from_groups", _without_specs)
-
-    patcher.on_import(GENERATOR, on_generator)
+    patcher.wrap_on_import(GENERATOR, "get_kv_cache_config_from_groups", _without_specs)
 
 
 ADAPTER = Adapter(

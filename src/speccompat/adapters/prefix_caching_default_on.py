@@ -9,8 +9,6 @@ is built with prefix caching off unless the caller chose otherwise
 
 from __future__ import annotations
 
-from types import ModuleType
-
 from ..patching import Patcher
 from ..registry import Adapter, Side
 from ..targets import GENERATOR, with_defaults
@@ -28,11 +26,8 @@ def _probe() -> str | None:
 
 
 def _patch(patcher: Patcher) -> None:
-    def on_generator(module: ModuleType) -> None:
-        patcher.wrap(module, "CacheConfig",
-                     lambda original: with_defaults(original, enable_prefix_caching=False))
-
-    patcher.on_import(GENERATOR, on_generator)
+    patcher.wrap_on_import(GENERATOR, "CacheConfig",
+                           lambda original: with_defaults(original, enable_prefix_caching=False))
 
 
 ADAPTER = Adapter(

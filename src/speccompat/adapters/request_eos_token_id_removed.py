@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from types import ModuleType
 from typing import Any
 
 from ..patching import Patcher
@@ -42,10 +41,7 @@ def _probe() -> str | None:
 
 
 def _patch(patcher: Patcher) -> None:
-    def on_generator(module: ModuleType) -> None:
-        patcher.wrap(module, "Request", _eos_on_sampling_params)
-
-    patcher.on_import(GENERATOR, on_generator)
+    patcher.wrap_on_import(GENERATOR, "Request", _eos_on_sampling_params)
 
 
 ADAPTER = Adapter(

@@ -6,7 +6,6 @@ cache config's block size, which is what the generator's own config holds.
 
 from __future__ import annotations
 
-from types import ModuleType
 from typing import Any
 
 from ..patching import Patcher
@@ -30,11 +29,8 @@ def _probe() -> str | None:
 
 
 def _patch(patcher: Patcher) -> None:
-    def on_generator(module: ModuleType) -> None:
-        patcher.wrap(module, "Scheduler",
-                     lambda original: with_defaults(original, block_size=_block_size))
-
-    patcher.on_import(GENERATOR, on_generator)
+    patcher.wrap_on_import(GENERATOR, "Scheduler",
+                           lambda original: with_defaults(original, block_size=_block_size))
 
 
 ADAPTER = Adapter(

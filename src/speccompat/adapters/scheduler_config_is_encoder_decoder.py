@@ -6,8 +6,6 @@ speculators 0.3.0 extracts from decoder-only models, so ``False`` is the value
 
 from __future__ import annotations
 
-from types import ModuleType
-
 from ..patching import Patcher
 from ..registry import Adapter, Side
 from ..targets import GENERATOR, requires_argument, with_defaults
@@ -25,11 +23,8 @@ def _probe() -> str | None:
 
 
 def _patch(patcher: Patcher) -> None:
-    def on_generator(module: ModuleType) -> None:
-        patcher.wrap(module, "SchedulerConfig",
-                     lambda original: with_defaults(original, is_encoder_decoder=False))
-
-    patcher.on_import(GENERATOR, on_generator)
+    patcher.wrap_on_import(GENERATOR, "SchedulerConfig",
+                           lambda original: with_defaults(original, is_encoder_decoder=False))
 
 
 ADAPTER = Adapter(
