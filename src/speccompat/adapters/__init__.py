@@ -18,9 +18,11 @@ from . import (
     request_eos_token_id_removed,
     scheduler_block_size,
     scheduler_config_is_encoder_decoder,
+    speculators_transformers5_import,
 )
 
 ADAPTERS: tuple[Adapter, ...] = (
+    speculators_transformers5_import.ADAPTER,
     collective_rpc_unique_reply_rank.ADAPTER,
     execute_model_sample_tokens.ADAPTER,
     scheduler_block_size.ADAPTER,
@@ -31,4 +33,5 @@ ADAPTERS: tuple[Adapter, ...] = (
     cpu_mem_get_info.ADAPTER,
     chunked_prefill_abort.ADAPTER,
     model_forward_drift.ADAPTER,
+    model_forward_drift.ADAPTER_V04,
 )
