@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 LLAMA_31_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                    num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
@@ -73,9 +74,30 @@ def run_vllm(model: str, prompts: list[list[int]]) -> float:
     return time.perf_counter() - start
 
 
+GUARD_SECONDS = [0.0]
+
+
+def time_guards() -> None:
+    """Accumulate the wall time of every guard call (bench/guard_overhead.py does the same)."""
+    from speccompat import guards
+
+    def timed(method: Any) -> Any:
+        def call(*a: Any, **k: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return method(*a, **k)
+            finally:
+                GUARD_SECONDS[0] += time.perf_counter() - start
+        return call
+
+    for name in ("observe_rpc", "observe_step", "check"):
+        setattr(guards.CaptureExpectation, name, timed(getattr(guards.CaptureExpectation, name)))
+
+
 def run_speculators(model: str, prompts: list[list[int]], batch: int) -> float:
     import speccompat
 
+    time_guards()
     report = speccompat.apply()
     assert all(o.state.value in ("applied", "not needed") for o in report.outcomes), report
     from speculators.data_generation.vllm_hidden_states_generator import (
@@ -86,6 +108,7 @@ def run_speculators(model: str, prompts: list[list[int]], batch: int) -> float:
                                           max_model_len=MAX_MODEL_LEN,
                                           gpu_memory_utilization=0.8)
     generator.generate(prompts[:batch])
+    GUARD_SECONDS[0] = 0.0
     start = time.perf_counter()
     for at in range(0, len(prompts), batch):
         results = generator.generate(prompts[at:at + batch])
@@ -124,17 +147,18 @@ def child(kind: str, model: str, prompts_file: str, batch: int) -> None:
               "speculators": lambda: run_speculators(model, prompts, batch),
               "hf": lambda: run_hf(model, prompts)}[kind]
     seconds = runner()
-    print("RESULT " + json.dumps({"kind": kind, "seconds": seconds}), flush=True)
+    print("RESULT " + json.dumps({"kind": kind, "seconds": seconds,
+                                  "guard_seconds": GUARD_SECONDS[0]}), flush=True)
 
 
-def measure(kind: str, model: Path, prompts_file: Path, batch: int) -> float | None:
+def measure(kind: str, model: Path, prompts_file: Path, batch: int) -> dict[str, float] | None:
     env = {**os.environ, "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
     proc = subprocess.run([sys.executable, __file__, "--child", kind, "--model", str(model),
                            "--prompts-file", str(prompts_file), "--batch", str(batch)],
                           env=env, capture_output=True, text=True)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
-            return float(json.loads(line[7:])["seconds"])
+            return dict(json.loads(line[7:]))
     print(f"{kind} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}", file=sys.stderr)
     return None
 
@@ -167,10 +191,15 @@ def main() -> int:
     prompts_file.write_text(json.dumps(prompts))
     rates: dict[str, float | None] = {}
     for kind in args.only:
-        seconds = measure(kind, model, prompts_file, args.batch)
+        result = measure(kind, model, prompts_file, args.batch)
+        seconds = result["seconds"] if result else None
         rates[kind] = tokens / seconds if seconds else None
         print(f"{kind:<12} {seconds or float('nan'):8.2f} s  "
               f"{rates[kind] or float('nan'):10.0f} tokens/s", flush=True)
+        if result and seconds and kind == "speculators":
+            share = 100 * result["guard_seconds"] / seconds
+            print(f"guards: {result['guard_seconds'] * 1e3:.1f} ms, {share:.3f}% of (b)'s "
+                  "extraction time (target <= 1%)", flush=True)
     a, b, c = rates.get("vllm"), rates.get("speculators"), rates.get("hf")
     print(f"\n{len(prompts)} prompts, {tokens} tokens, {torch.cuda.get_device_name()}")
     print(f"(a) vLLM prefill              {a or 0:10.0f} tokens/s")

@@ -316,7 +316,8 @@ def _kimi_vision_weights(vision: dict[str, Any], text_hidden: int, seed: int) ->
 
 
 def build_kimi_k25(
-    path: Path, *, num_layers: int = 4, hidden: int = 64, dtype: str = "bfloat16", seed: int = 0
+    path: Path, *, num_layers: int = 4, hidden: int = 64, dtype: str = "bfloat16", seed: int = 0,
+    text_model: Path | None = None,
 ) -> Path:
     """Build (or reuse) a random-weight ``KimiK25ForConditionalGeneration`` (vLLM >= 0.15).
 
@@ -335,20 +336,26 @@ def build_kimi_k25(
     :func:`build_deepseek_v3`. vLLM 0.15.x does not load it on CPU unpatched: Kimi's
     ``__init__`` calls ``torch.cuda.current_device()`` and its ``load_weights`` maps
     ``q_a_proj`` to ``fused_qkv_a_proj``, which the ``VLLM_MLA_DISABLE=1`` attention lacks.
+
+    ``text_model`` replaces the built language model with a DeepseekV3 folder of width
+    ``hidden`` (e.g. one with the real MLA head shapes the CUDA kernels need).
     """
     from safetensors.torch import load_file, save_file
 
     params: dict[str, Any] = {"arch": "kimi_k25", "builder_version": BUILDER_VERSION + 1,
                               "num_layers": num_layers, "hidden": hidden, "dtype": dtype,
-                              "seed": seed}
+                              "seed": seed, "text_model": str(text_model or "")}
     path = Path(path)
     if _is_complete(path, params):
         return path
     tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    text_dir = build_deepseek_v3(tmp / "text_only", num_layers=num_layers, hidden=hidden,
-                                 dtype=dtype, seed=seed)
+    if text_model is not None:
+        text_dir = Path(shutil.copytree(text_model, tmp / "text_only"))
+    else:
+        text_dir = build_deepseek_v3(tmp / "text_only", num_layers=num_layers, hidden=hidden,
+                                     dtype=dtype, seed=seed)
     text_config = json.loads((text_dir / "config.json").read_text())
     text_config.update(model_type="kimi_k2", architectures=["DeepseekV3ForCausalLM"])
     size = {"num_attention_heads": 2, "num_hidden_layers": 1, "hidden_size": 32,

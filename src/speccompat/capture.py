@@ -73,6 +73,9 @@ class LayerCapture:
         runner_execute = type(self.runner).execute_model.__get__(self.runner)
 
         def execute_model(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("dummy_run"):
+                # Model Runner V2 warms up and profiles through execute_model.
+                return runner_execute(scheduler_output, *args, **kwargs)
             self._admit(scheduler_output)
             self.step, self.layout, self.prepared = scheduler_output, None, None
             try:

@@ -10,8 +10,10 @@ imported yet are patched the moment the module finishes executing, so
 
 from __future__ import annotations
 
+import importlib
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import inspect
 import sys
 import threading
@@ -47,6 +49,7 @@ class Patcher:
         self.adapter_id = adapter_id
         self._patches: list[_Patch] = []
         self._hooks: list[tuple[str, Callable[[ModuleType], None]]] = []
+        self._modules: list[str] = []
         self.waiting_for: list[str] = []
 
     def replace(self, owner: Any, name: str, replacement: Any) -> None:
@@ -60,6 +63,13 @@ class Patcher:
         _mark(replacement, self.adapter_id)
         setattr(owner, name, replacement)
         self._patches.append(_Patch(owner, name, raw, replacement))
+
+    def add(self, owner: Any, name: str, value: Any) -> None:
+        """Give ``owner`` a name it lacks (an old import path); ``revert`` removes it again."""
+        if hasattr(owner, name):
+            raise AdapterError(self.adapter_id, f"{_describe(owner)} already has {name!r}")
+        setattr(owner, name, value)
+        self._patches.append(_Patch(owner, name, _MISSING, value))
 
     def wrap(self, owner: Any, name: str, make: Callable[[Any], Any]) -> None:
         """Replace ``owner.name`` with ``make(current)``.
@@ -90,7 +100,31 @@ class Patcher:
         self.waiting_for.append(module)
         _FINDER.watch(module, patch, self)
 
+    def add_module(self, name: str, module: ModuleType) -> None:
+        """Make ``import name`` find ``module``, for a module the installed package lacks
+        (a consumer importing from where a newer release moved a name).
+
+        Refuses a name that is imported or importable: it would shadow the real module.
+        """
+        parent, _, child = name.rpartition(".")
+        if name in sys.modules or _importable(name):
+            raise AdapterError(self.adapter_id, f"module {name} exists; not replacing it")
+        owner = importlib.import_module(parent) if parent else None
+        if owner is not None and hasattr(owner, child):
+            raise AdapterError(self.adapter_id, f"{parent} already has {child!r}")
+        _mark(module, self.adapter_id)
+        sys.modules[name] = module
+        self._modules.append(name)
+        if owner is not None:
+            # As the import system does for a submodule; revert deletes it again.
+            setattr(owner, child, module)
+            self._patches.append(_Patch(owner, child, _MISSING, module))
+
     def revert(self) -> None:
+        while self._modules:
+            name = self._modules.pop()
+            if patched_by(sys.modules.get(name)) == self.adapter_id:
+                del sys.modules[name]
         for module, hook in self._hooks:
             _FINDER.unwatch(module, hook)
         self._hooks.clear()
@@ -119,6 +153,13 @@ def _mark(obj: Any, adapter_id: str) -> None:
             return
         except (AttributeError, TypeError):
             continue  # classes refuse object.__setattr__; builtins refuse both
+
+
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _finished(module: ModuleType) -> bool:

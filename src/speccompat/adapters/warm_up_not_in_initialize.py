@@ -1,0 +1,59 @@
+"""From vLLM 0.27.0 ``Executor.initialize_from_config`` only sets up the KV cache; the
+engine calls the new ``Executor.compile_or_warm_up_model()`` itself. speculators 0.3.0
+and 0.4.0 build their executor by hand and call only ``initialize_from_config``, so
+the workers never warm up (kernels, sampler, compilation): silently slower first
+batches and allocations vLLM did not plan for.
+
+The generator's view of the executor warms up right after initialising, as the
+engine does.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from ..patching import Patcher
+from ..registry import Adapter, Side
+from ..targets import GENERATOR, Proxy, require_in_source, wrap_factory
+from ..versions import spec
+
+ID = "vllm.executor.warm_up_not_in_initialize"
+
+
+class WarmingUpExecutor(Proxy):
+    def initialize_from_config(self, *args: Any, **kwargs: Any) -> Any:
+        result = self.inner.initialize_from_config(*args, **kwargs)
+        self.unwrapped.compile_or_warm_up_model()
+        return result
+
+
+def _probe() -> str | None:
+    from vllm.v1.executor.abstract import Executor
+
+    if not hasattr(Executor, "compile_or_warm_up_model"):
+        return "Executor has no compile_or_warm_up_model"
+    if "compile_or_warm_up_model" in inspect.getsource(Executor.initialize_from_config):
+        return "Executor.initialize_from_config still warms up"
+    return require_in_source(GENERATOR, ".initialize_from_config(")
+
+
+def _patch(patcher: Patcher) -> None:
+    patcher.wrap_on_import(GENERATOR, "MultiprocExecutor",
+                           lambda original: wrap_factory(original, WarmingUpExecutor))
+
+
+ADAPTER = Adapter(
+    id=ID,
+    summary="the generator's executor warms its workers up after initialize_from_config, as "
+    "vLLM's engine does",
+    upstream="vLLM 0.27.0: initialize_from_config no longer calls compile_or_warm_up_model; "
+    "EngineCore calls Executor.compile_or_warm_up_model()",
+    vllm=spec(">=0.27.0"),
+    speculators=spec(">=0.3,<0.5"),
+    side=Side.DRIVER,
+    probe=_probe,
+    patch=_patch,
+    remove_when="speculators 0.3.0 and 0.4.0 are no longer supported",
+    why="without warm-up the first batches run unwarmed kernels and unplanned allocations",
+)
