@@ -175,7 +175,28 @@ def cpu_wheel_requirements(requires: list[str]) -> list[str]:
         if req.marker is not None and "extra" in str(req.marker):
             continue
         kept.append(re.sub(r"\+cpu\b", "", str(req)))
-    return kept
+    return _torchaudio_not_newer_than_torch(kept)
+
+
+def _torchaudio_not_newer_than_torch(requirements: list[str]) -> list[str]:
+    """An unpinned ``torchaudio`` resolves to the newest, which may be built against a newer
+    torch than the pinned one (torchaudio 2.11.1 does not load on torch 2.11.0)."""
+    from packaging.requirements import Requirement
+
+    pins = [Requirement(line) for line in requirements]
+    torch = next((r for r in pins if r.name == "torch" and str(r.specifier).startswith("==")),
+                 None)
+    if torch is None:
+        return requirements
+    from packaging.specifiers import SpecifierSet
+
+    out = []
+    for line, req in zip(requirements, pins, strict=True):
+        if req.name == "torchaudio" and not req.specifier:
+            req.specifier = SpecifierSet(f"<={str(torch.specifier)[2:]}")
+            line = str(req)
+        out.append(line)
+    return out
 
 
 def speculators_requirements(requires: list[str], owned: list[str]) -> list[str]:

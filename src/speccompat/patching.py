@@ -110,15 +110,11 @@ class Patcher:
         if name in sys.modules or _importable(name):
             raise AdapterError(self.adapter_id, f"module {name} exists; not replacing it")
         owner = importlib.import_module(parent) if parent else None
-        if owner is not None and hasattr(owner, child):
-            raise AdapterError(self.adapter_id, f"{parent} already has {child!r}")
+        if owner is not None:
+            self.add(owner, child, module)  # as the import system does for a submodule
         _mark(module, self.adapter_id)
         sys.modules[name] = module
         self._modules.append(name)
-        if owner is not None:
-            # As the import system does for a submodule; revert deletes it again.
-            setattr(owner, child, module)
-            self._patches.append(_Patch(owner, child, _MISSING, module))
 
     def revert(self) -> None:
         while self._modules:

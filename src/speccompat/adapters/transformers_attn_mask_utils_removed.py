@@ -1,0 +1,71 @@
+"""transformers 5.24 removed ``transformers.modeling_attn_mask_utils``, and speculators
+0.3.0/0.4.0 import ``_prepare_4d_causal_attention_mask`` from it at the top of their
+EAGLE (v1) model module, which ``import speculators`` loads: ModuleNotFoundError.
+vLLM 0.24.0 to 0.30.0 accept any transformers >= 5.5.3 (0.29.0: >= 5.10.4), so a fresh
+install gets 5.24.
+
+Hidden-state extraction never builds the mask; only training the EAGLE (v1) draft
+model does. The removed module comes back as a stand-in whose function raises a
+clear error when called, instead of a copy of code transformers dropped.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+from ..errors import SpeccompatError
+from ..patching import Patcher
+from ..registry import Adapter, Side
+from ..targets import module_source, require_in_source
+from ..versions import spec
+
+ID = "transformers.modeling_attn_mask_utils_removed"
+REMOVED = "transformers.modeling_attn_mask_utils"
+CONSUMER = "speculators.models.eagle"
+
+
+class RemovedUpstreamError(SpeccompatError, NotImplementedError):
+    """A function of a module upstream removed was called through speccompat's stand-in."""
+
+
+def _prepare_4d_causal_attention_mask(*args: Any, **kwargs: Any) -> Any:
+    raise RemovedUpstreamError(
+        f"{REMOVED}._prepare_4d_causal_attention_mask was removed in transformers 5.24; "
+        "speccompat only lets speculators import (hidden-state extraction does not use it). "
+        "To train speculators' EAGLE (v1) model, install transformers<5.24.")
+
+
+def stand_in() -> ModuleType:
+    module = ModuleType(REMOVED, "speccompat stand-in for a module transformers 5.24 removed")
+    module._prepare_4d_causal_attention_mask = _prepare_4d_causal_attention_mask  # type: ignore[attr-defined]
+    return module
+
+
+def _probe() -> str | None:
+    if module_source("transformers") is None:
+        return "transformers is not installed"
+    if module_source(REMOVED) is not None:
+        return f"{REMOVED} still exists"
+    return require_in_source(CONSUMER, f"from {REMOVED} import _prepare_4d_causal_attention_mask")
+
+
+def _patch(patcher: Patcher) -> None:
+    patcher.on_import("transformers", lambda _: patcher.add_module(REMOVED, stand_in()))
+
+
+ADAPTER = Adapter(
+    id=ID,
+    summary=f"{REMOVED} exists again as a stand-in, so speculators imports under "
+    "transformers >= 5.24",
+    upstream="transformers 5.24 (taken by vLLM 0.24.0-0.30.0's transformers>=5.5.3/5.10.4): "
+    f"{REMOVED} removed",
+    vllm=spec(">=0.24.0"),
+    speculators=spec(">=0.3,<0.5"),
+    side=Side.BOTH,
+    probe=_probe,
+    patch=_patch,
+    remove_when="speculators 0.3.0 and 0.4.0 are no longer supported",
+    why="speculators' package import loads its EAGLE (v1) model module; extraction never "
+    "calls the mask function",
+)
