@@ -294,11 +294,11 @@ def gpu(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON, requires=["lint", "unit"] + [
-    f"{kind}(vllm='{c.vllm}', speculators='{c.speculators}')"
-    for c in CI_CELLS for kind in ("contract", "e2e")
+    f"cell(vllm='{c.vllm}', speculators='{c.speculators}')" for c in CI_CELLS
 ])
 def tests(session: nox.Session) -> None:
-    """Everything CI runs; the work happens in the required sessions."""
+    """Everything CI runs; the work happens in the required sessions (one venv per cell,
+    contract then e2e tests, a record under .matrix/results/)."""
     session.log("lint, unit and the CI cells passed: "
                 + "; ".join(c.name for c in CI_CELLS))
 
