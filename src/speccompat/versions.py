@@ -15,6 +15,7 @@ import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from packaging.specifiers import SpecifierSet
@@ -139,12 +140,29 @@ def _find_vllm() -> Package | None:
     if override:
         return Package("vllm", override, f"${VLLM_VERSION_ENV}")
     rows = []
-    for dist in metadata.distributions():
+    for dist in _vllm_like_distributions():
         name = dist.name or ""
         if is_vllm_distribution(name):
             rows.append((name, dist.version, _provides_vllm_package(dist)))
     picked = pick_vllm(rows)
     return Package("vllm", picked[1], _canonical(picked[0])) if picked else None
+
+
+def _vllm_like_distributions() -> list[metadata.Distribution]:
+    """Distributions whose metadata folder is named ``vllm*``: reading only those keeps
+    ``apply()`` fast (a full ``metadata.distributions()`` reads every installed package's
+    metadata). Falls back to the full scan where no such folder is on ``sys.path``."""
+    found: list[metadata.Distribution] = []
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:  # zip files, missing folders
+            continue
+        for name in names:
+            lowered = name.lower()
+            if lowered.startswith("vllm") and lowered.endswith((".dist-info", ".egg-info")):
+                found.append(metadata.PathDistribution(Path(entry or ".") / name))
+    return found or list(metadata.distributions())
 
 
 def _find(name: str, override_env: str | None = None) -> Package | None:
