@@ -13,7 +13,6 @@ from packaging.version import Version
 
 from .versions import Environment
 
-
 # Every vLLM release the matrix covers, oldest first. 0.33.0 has no CPU build.
 VLLM_RELEASES: tuple[str, ...] = (
     "0.11.0", "0.11.1", "0.11.2", "0.12.0", "0.13.0", "0.14.0", "0.14.1", "0.15.0", "0.15.1",
