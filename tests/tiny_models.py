@@ -333,16 +333,18 @@ def build_kimi_k25(
     text-only prompts: vLLM 0.15/0.16 load it with trust_remote_code forced on, 0.22 needs
     ``trust_remote_code=True``. The tokenizer's last four ids are Kimi's media tokens
     (``<|media_pad|>`` is ``KIMI_MEDIA_PAD_ID``). vLLM CPU settings as for
-    :func:`build_deepseek_v3`. vLLM 0.15.x does not load it on CPU unpatched: Kimi's
-    ``__init__`` calls ``torch.cuda.current_device()`` and its ``load_weights`` maps
-    ``q_a_proj`` to ``fused_qkv_a_proj``, which the ``VLLM_MLA_DISABLE=1`` attention lacks.
+    :func:`build_deepseek_v3`. vLLM 0.15.x's CPU build loads it only with speccompat applied
+    (vLLM 0.16.0 fixed both upstream): Kimi's ``__init__`` calls ``torch.cuda.current_device()``
+    (adapter ``vllm.model.kimi_k25.cuda_current_device``) and its ``load_weights`` maps
+    ``q_a_proj`` to ``fused_qkv_a_proj``, which the ``VLLM_MLA_DISABLE=1`` attention lacks
+    (adapter ``vllm.model.kimi_k25.unfused_qkv_a_proj``).
 
     ``text_model`` replaces the built language model with a DeepseekV3 folder of width
     ``hidden`` (e.g. one with the real MLA head shapes the CUDA kernels need).
     """
     from safetensors.torch import load_file, save_file
 
-    params: dict[str, Any] = {"arch": "kimi_k25", "builder_version": BUILDER_VERSION + 1,
+    params: dict[str, Any] = {"arch": "kimi_k25", "builder_version": BUILDER_VERSION + 2,
                               "num_layers": num_layers, "hidden": hidden, "dtype": dtype,
                               "seed": seed, "text_model": str(text_model or "")}
     path = Path(path)
@@ -380,8 +382,13 @@ def build_kimi_k25(
     (tmp / _KIMI_CONFIG_FILE).write_text(_KIMI_CONFIG_SRC)
     processor = {
         "auto_map": {"AutoImageProcessor": f"{_KIMI_PROCESSOR_FILE[:-3]}.KimiK25VisionProcessor"},
+        # image_side is read by the local processor; the rest as in the real checkpoint,
+        # scaled down, for vLLM's own fused processor (0.30+).
         "media_proc_cfg": {"patch_size": 14, "merge_kernel_size": 2, "image_side": 56,
-                           "temporal_merge_kernel_size": 4},
+                           "temporal_merge_kernel_size": 4, "image_mean": [0.5, 0.5, 0.5],
+                           "image_std": [0.5, 0.5, 0.5], "in_patch_limit": 16,
+                           "patch_limit_on_one_side": 4, "in_patch_limit_each_frame": 16,
+                           "in_patch_limit_video": 16, "fixed_output_tokens": None},
     }
     (tmp / "preprocessor_config.json").write_text(json.dumps(processor, indent=2) + "\n")
     (tmp / _KIMI_PROCESSOR_FILE).write_text(_KIMI_PROCESSOR_SRC)

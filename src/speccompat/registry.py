@@ -67,6 +67,8 @@ class Adapter:
     patch: Callable[[Patcher], None]
     remove_when: str
     why: str = ""
+    # For behaviours that come with a transformers release rather than a vLLM one.
+    transformers: SpecifierSet | None = None
 
     def wants(self, env: Environment) -> tuple[bool, str]:
         """Whether the installed versions are ones this adapter is for, and why (not)."""
@@ -79,6 +81,12 @@ class Adapter:
                 return False, "speculators is not installed"
             if env.speculators.version not in self.speculators:
                 return False, f"speculators {env.speculators.version} is outside {self.speculators}"
+        if self.transformers is not None:
+            if env.transformers is None:
+                return False, "transformers is not installed"
+            if env.transformers.version not in self.transformers:
+                return False, (f"transformers {env.transformers.version} is outside "
+                               f"{self.transformers}")
         return True, f"vLLM {env.vllm.version} is in {self.vllm}"
 
 

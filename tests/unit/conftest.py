@@ -86,6 +86,7 @@ def make_env(
     speculators: str | None = "0.3.0",
     *,
     vllm_distribution: str = "vllm",
+    transformers: str | None = None,
 ) -> Environment:
     """An Environment as ``detect()`` would build it, without reading any metadata."""
     return Environment(
@@ -93,7 +94,8 @@ def make_env(
         speculators=None if speculators is None else Package(
             "speculators", speculators, "speculators"),
         torch=None,
-        transformers=None,
+        transformers=None if transformers is None else Package(
+            "transformers", transformers, "transformers"),
         python="3.11.7",
     )
 

@@ -585,3 +585,18 @@ def test_concurrent_apply_patches_once(
     assert target.calls["greet"] == before + 1
     assert patched_by(target.module.greet) == "t.threads"
     assert speccompat.active() == ("t.threads",)
+
+
+def test_transformers_specifier_selects_too(
+    env_factory: MakeEnv, adapter_factory: MakeAdapter, target: Target,
+) -> None:
+    import dataclasses
+
+    from packaging.specifiers import SpecifierSet
+
+    adapter = dataclasses.replace(adapter_factory("t.tf", patch=Counter(target)),
+                                  transformers=SpecifierSet(">=5.24"))
+    assert adapter.wants(env_factory("0.29.0", "0.3.0", transformers="5.24.0"))[0]
+    wanted, why = adapter.wants(env_factory("0.29.0", "0.3.0", transformers="5.23.0"))
+    assert not wanted and why == "transformers 5.23.0 is outside >=5.24"
+    assert adapter.wants(env_factory("0.29.0", "0.3.0"))[1] == "transformers is not installed"

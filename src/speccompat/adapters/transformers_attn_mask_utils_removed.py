@@ -62,6 +62,7 @@ ADAPTER = Adapter(
     f"{REMOVED} removed",
     vllm=spec(">=0.24.0"),
     speculators=spec(">=0.3,<0.5"),
+    transformers=spec(">=5.24.0"),
     side=Side.BOTH,
     probe=_probe,
     patch=_patch,
