@@ -321,3 +321,53 @@ def test_decoder_stack_not_found() -> None:
         decoder_stack(Vision())
     with pytest.raises(LookupError, match="SimpleNamespace"):
         decoder_stack(SimpleNamespace(model=None))
+
+
+SOURCE_DEFS = '''
+from typing import overload
+
+
+class Executor:
+    @overload
+    def collective_rpc(self, method: str) -> list: ...
+
+    def collective_rpc(  # type: ignore[override]
+        self,
+        method: str,
+        timeout: float | None = None,
+        args: tuple = (),
+        *,
+        unique_reply_rank: int | None = None,  # the rank whose reply comes back
+        **kwargs,
+    ) -> object:
+        responses = [1]
+
+        return responses[0] if unique_reply_rank is not None else responses
+
+    def sample_tokens(self, grammar_output) -> None:
+        pass
+
+
+def plan(vllm_config, groups: dict[str, int] = {"a": 1}, memory=0):
+    return None
+'''
+
+
+def test_source_def_reads_signatures_and_bodies(module_dir: Path) -> None:
+    from speccompat.targets import module_source, source_def
+
+    (module_dir / "fake_sourcedefs.py").write_text(SOURCE_DEFS)
+    module_source.cache_clear()
+    rpc = source_def("fake_sourcedefs", "Executor.collective_rpc")
+    assert rpc is not None
+    assert rpc.params == {"self": False, "method": False, "timeout": True, "args": True,
+                          "unique_reply_rank": True, "kwargs": False}
+    assert "responses[0] if unique_reply_rank" in rpc.text
+    assert "def sample_tokens" not in rpc.text
+    plan = source_def("fake_sourcedefs", "plan")
+    assert plan is not None and plan.params == {"vllm_config": False, "groups": True,
+                                                 "memory": True}
+    assert source_def("fake_sourcedefs", "Executor.missing") is None
+    assert source_def("fake_sourcedefs", "Missing.plan") is None
+    assert source_def("no_such_module_here", "plan") is None
+    assert "fake_sourcedefs" not in sys.modules  # read, never imported
