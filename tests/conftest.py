@@ -70,3 +70,17 @@ def tiny_deepseek_llama4_scaling(models_dir: Path) -> Path:
     return tiny_models.build_deepseek_v3(
         models_dir / "dsv3-l4s", dtype="bfloat16",
         llama_4_scaling={"original_max_position_embeddings": 16, "beta": 0.5})
+
+
+@pytest.fixture(scope="session")
+def tiny_kimi_k25(models_dir: Path) -> Path:
+    """The tiny Kimi-K2.5 of tests/e2e/test_kimi_k25.py (same folder: built once per run)."""
+    _skip_if_contract_only()
+    import importlib.util
+
+    import tiny_models
+
+    if importlib.util.find_spec("vllm.model_executor.models.kimi_k25") is None:
+        pytest.skip("this vLLM has no KimiK25ForConditionalGeneration (added in 0.15.0)")
+    os.environ["VLLM_MLA_DISABLE"] = "1"  # Kimi's text model is MLA; the CPU build has none
+    return tiny_models.build_kimi_k25(models_dir / "kimi-k25")

@@ -51,3 +51,24 @@ def token_errors(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
     """Per token: largest absolute difference relative to the reference's largest magnitude."""
     diff = (got.float() - want.float()).abs().amax(dim=-1)
     return diff / max(want.float().abs().max().item(), 1e-6)
+
+
+def layer_errors(
+    results: list[dict[str, list[torch.Tensor]]],
+    reference: list[list[torch.Tensor]],
+    layer_ids: list[int],
+    token_threshold: float = 0.15,
+) -> list[tuple[int, int, float, float, int]]:
+    """Per prompt and requested layer of a generator's ``results`` against ``reference``
+    (:func:`layer_outputs`): (layer, tokens, mean and max relative error, tokens whose
+    :func:`token_errors` exceed ``token_threshold``)."""
+    rows = []
+    for result, want in zip(results, reference, strict=True):
+        states = result["hidden_states"]
+        assert len(states) == len(layer_ids)
+        for layer, got in zip(layer_ids, states, strict=True):
+            assert got.shape == want[layer].shape, (layer, got.shape, want[layer].shape)
+            mean, worst = relative_errors(got, want[layer])
+            off = int((token_errors(got, want[layer]) > token_threshold).sum())
+            rows.append((layer, got.shape[0], mean, worst, off))
+    return rows

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,79 @@ def _installed(module: str) -> bool:
 requires_vllm = pytest.mark.skipif(not _installed("vllm"), reason="vLLM is not installed")
 requires_speculators = pytest.mark.skipif(
     not _installed("speculators"), reason="speculators is not installed")
+# For tests that run a model without the model fixtures (in a subprocess of their own).
+runs_models = pytest.mark.skipif(
+    os.environ.get("SPECCOMPAT_CONTRACT_ONLY") == "1",
+    reason="contract-only cell: this vLLM has no CPU build; model execution not run")
+
+
+def adapter_applies(adapter_id: str) -> tuple[bool, str]:
+    """Whether the catalogued adapter is for the installed vLLM and speculators (its
+    specifiers against ``speccompat.detect()``, as ``apply()`` selects it), and why (not)."""
+    import speccompat
+
+    adapter = next((a for a in speccompat.catalogue() if a.id == adapter_id), None)
+    if adapter is None:
+        raise LookupError(f"no adapter {adapter_id} in the catalogue")
+    return adapter.wants(speccompat.detect())
+
+
+def needs_adapter(adapter_id: str, because: str = "") -> pytest.MarkDecorator:
+    """Skip unless ``adapter_id`` applies here: its normalized and fails-without-it tests
+    say nothing on versions it is not for. ``because``: what happens there instead."""
+    import speccompat
+
+    wanted, why = adapter_applies(adapter_id)
+    adapter = next(a for a in speccompat.catalogue() if a.id == adapter_id)
+    speculators = f", speculators {adapter.speculators}" if adapter.speculators else ""
+    reason = (f"adapter {adapter_id} is for vLLM {adapter.vllm}{speculators} ({why})"
+              + (f": {because}" if because else ""))
+    return pytest.mark.skipif(not wanted, reason=reason)
+
+
+def vllm_in(specifier: str, because: str) -> pytest.MarkDecorator:
+    """Skip unless the installed vLLM is in ``specifier``: for raw tests that pin what a
+    range of vLLM releases does. ``because``: what the other releases do."""
+    import speccompat
+    from speccompat.versions import spec
+
+    env = speccompat.detect()
+    inside = env.vllm is not None and env.vllm.version in spec(specifier)
+    found = env.vllm.version if env.vllm is not None else "not installed"
+    return pytest.mark.skipif(not inside, reason=f"vLLM {found} is outside {specifier}: {because}")
+
+
+def speculators_in(specifier: str, because: str) -> pytest.MarkDecorator:
+    """Skip unless the installed speculators is in ``specifier``."""
+    import speccompat
+    from speccompat.versions import spec
+
+    env = speccompat.detect()
+    inside = env.speculators is not None and env.speculators.version in spec(specifier)
+    found = env.speculators.version if env.speculators is not None else "not installed"
+    return pytest.mark.skipif(
+        not inside, reason=f"speculators {found} is outside {specifier}: {because}")
+
+
+def scheduler_kwargs(vllm_config: Any) -> dict[str, Any]:
+    """``block_size`` for ``Scheduler(...)`` where it takes one (vLLM 0.11.1+), the way
+    vLLM's engine core passes it."""
+    import inspect
+
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    if "block_size" in inspect.signature(Scheduler).parameters:
+        return {"block_size": vllm_config.cache_config.block_size}
+    return {}
+
+
+def chunked_prefill_on(scheduler_config: Any) -> bool:
+    """Whether the scheduler may cut a prompt across steps: ``chunked_prefill_enabled`` where
+    the config has it (off in one built by hand on vLLM 0.11.0), else ``enable_chunked_prefill``
+    (True by default from 0.12.0)."""
+    if hasattr(scheduler_config, "chunked_prefill_enabled"):
+        return bool(scheduler_config.chunked_prefill_enabled)
+    return bool(scheduler_config.enable_chunked_prefill)
 
 
 def gpu_count() -> int:
@@ -158,3 +232,10 @@ def make_request(request_id: str, length: int):  # type: ignore[no-untyped-def]
     return Request(request_id=request_id, prompt_token_ids=list(range(10, 10 + length)),
                    sampling_params=SamplingParams(max_tokens=1, temperature=0.0),
                    pooling_params=None, arrival_time=0.0, **extra)
+
+
+def worker_call(generator: Any, function: Any) -> list[Any]:
+    """``function(worker)`` in each of a speculators generator's vLLM workers, one reply per
+    rank. Define ``function`` inside the test: cloudpickle then sends it by value."""
+    executor = getattr(generator.executor, "unwrapped", generator.executor)
+    return list(executor.collective_rpc(function))

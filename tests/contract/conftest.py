@@ -13,10 +13,35 @@ import pytest
 
 @pytest.fixture(scope="session")
 def generator_module() -> ModuleType:
-    """speculators' generator module, imported once (it imports vLLM and transformers)."""
-    from speculators.data_generation import vllm_hidden_states_generator
+    """speculators' generator module, imported once (it imports vLLM and transformers).
 
-    return vllm_hidden_states_generator
+    Where it cannot be imported without an adapter (speculators 0.4.0 on vLLM 0.11.0,
+    transformers 5, vLLM 0.33.0's moved helpers), only those adapters are applied for the
+    import; their own contract tests import it without, in a fresh process.
+    """
+    import importlib
+
+    import speccompat
+    from speccompat.adapters import (
+        get_hash_fn_by_name_moved,
+        kv_cache_planning_moved,
+        speculators_transformers5_import,
+        transformers_attn_mask_utils_removed,
+    )
+    from support import adapter_applies
+
+    name = "speculators.data_generation.vllm_hidden_states_generator"
+    enabling = [m.ID for m in (get_hash_fn_by_name_moved, kv_cache_planning_moved,
+                               speculators_transformers5_import,
+                               transformers_attn_mask_utils_removed)
+                if adapter_applies(m.ID)[0] and m.ADAPTER.probe() is None]
+    if not enabling:
+        return importlib.import_module(name)
+    speccompat.apply(only=enabling)
+    try:
+        return importlib.import_module(name)
+    finally:
+        speccompat.revert()
 
 
 def installed_vllm() -> str:
@@ -29,7 +54,10 @@ def installed_vllm() -> str:
 
 @pytest.fixture(scope="session")
 def vllm_config(tiny_llama):  # type: ignore[no-untyped-def]
-    """The VllmConfig speculators 0.3.0 builds, written out with today's required arguments."""
+    """The VllmConfig speculators 0.3.0 builds, written out with the installed vLLM's
+    required arguments."""
+    import inspect
+
     from vllm.config import (
         CacheConfig,
         DeviceConfig,
@@ -40,13 +68,17 @@ def vllm_config(tiny_llama):  # type: ignore[no-untyped-def]
         VllmConfig,
     )
 
+    # vLLM 0.11.1 added is_encoder_decoder (required from 0.12.0).
+    decoder_only = ({"is_encoder_decoder": False}
+                    if "is_encoder_decoder" in inspect.signature(SchedulerConfig).parameters
+                    else {})
     return VllmConfig(
         model_config=ModelConfig(model=str(tiny_llama), tokenizer=str(tiny_llama),
                                  dtype="auto", max_model_len=1024, enforce_eager=True),
         cache_config=CacheConfig(block_size=16, enable_prefix_caching=False),
         parallel_config=ParallelConfig(tensor_parallel_size=1),
         scheduler_config=SchedulerConfig(max_num_seqs=32, max_model_len=1024,
-                                         max_num_batched_tokens=1024, is_encoder_decoder=False),
+                                         max_num_batched_tokens=1024, **decoder_only),
         device_config=DeviceConfig(),
         load_config=LoadConfig(),
     )
@@ -65,9 +97,26 @@ def kv_cache_groups(vllm_config):  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def kv_cache_config(vllm_config, kv_cache_groups):  # type: ignore[no-untyped-def]
+    import inspect
+
     from vllm.v1.core.kv_cache_utils import get_kv_cache_config_from_groups
 
-    _, groups = kv_cache_groups
-    config = get_kv_cache_config_from_groups(vllm_config, groups, 64 << 20)
+    specs, groups = kv_cache_groups
+    cache_config = vllm_config.cache_config
+    if hasattr(cache_config, "get_resolved_kv_cache_layout") and (
+            cache_config.kv_cache_layout is None):
+        # vLLM 0.29.0+: the engine core resolves the layout before anything plans the cache;
+        # no worker reports its backends here, so the default preference decides.
+        from vllm.v1.attention.backends.utils import (
+            get_supported_kv_cache_layouts,
+            resolve_kv_cache_layout,
+        )
+
+        names = [layout.name for layout in get_supported_kv_cache_layouts([])]
+        resolve_kv_cache_layout(vllm_config, [names], specs.values())
+    if "kv_cache_specs" in inspect.signature(get_kv_cache_config_from_groups).parameters:
+        config = get_kv_cache_config_from_groups(vllm_config, groups, specs, 64 << 20)  # 0.11.x
+    else:
+        config = get_kv_cache_config_from_groups(vllm_config, groups, 64 << 20)
     vllm_config.cache_config.num_gpu_blocks = config.num_blocks  # as speculators does
     return config

@@ -7,9 +7,20 @@ from typing import Any
 import pytest
 
 from speccompat.adapters.chunked_prefill_abort import ID
-from support import make_request, only, requires_speculators, requires_vllm, speculators_generator
+from support import (
+    chunked_prefill_on,
+    make_request,
+    needs_adapter,
+    only,
+    requires_speculators,
+    requires_vllm,
+    scheduler_kwargs,
+    speculators_generator,
+    vllm_in,
+)
 
 pytestmark = [requires_vllm, requires_speculators]
+IN_0_4 = "speculators 0.4.0 aborts its requests only once every prompt is prefilled (PR #283)"
 
 
 def _run_speculators_loop(scheduler: Any) -> dict[str, int]:
@@ -29,7 +40,8 @@ def _scheduler(cls: Any, vllm_config: Any, kv_cache_config: Any) -> Any:
     from vllm.v1.structured_output import StructuredOutputManager
 
     return cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
-               structured_output_manager=StructuredOutputManager(vllm_config), block_size=16)
+               structured_output_manager=StructuredOutputManager(vllm_config),
+               **scheduler_kwargs(vllm_config))
 
 
 def test_raw_loop_drops_the_rest_of_a_chunked_prompt(
@@ -37,6 +49,9 @@ def test_raw_loop_drops_the_rest_of_a_chunked_prompt(
 ) -> None:
     from vllm.v1.core.sched.scheduler import Scheduler
 
+    if not chunked_prefill_on(vllm_config.scheduler_config):
+        pytest.skip("a SchedulerConfig built by hand has chunked prefill off on this vLLM "
+                    "(test_raw_hand_built_scheduler_config_does_not_chunk): no prompt is cut")
     budget = vllm_config.scheduler_config.max_num_batched_tokens  # 1024
     scheduler = _scheduler(Scheduler, vllm_config, kv_cache_config)
     for i, length in enumerate([700, 700]):
@@ -44,6 +59,23 @@ def test_raw_loop_drops_the_rest_of_a_chunked_prompt(
     assert _run_speculators_loop(scheduler) == {"r0": 700, "r1": budget - 700}
 
 
+@vllm_in("<0.11.1", "checked on vLLM 0.11.0, whose SchedulerConfig has "
+         "enable_chunked_prefill=None; 0.12.0 defaults it to True")
+def test_raw_hand_built_scheduler_config_does_not_chunk(
+    vllm_config: Any, kv_cache_config: Any
+) -> None:
+    """What speculators' generators build on vLLM 0.11.0 (only EngineArgs turns chunked prefill
+    on): a prompt that does not fit the step waits for the next one and runs whole."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    assert not chunked_prefill_on(vllm_config.scheduler_config)
+    scheduler = _scheduler(Scheduler, vllm_config, kv_cache_config)
+    for i, length in enumerate([700, 700]):
+        scheduler.add_request(make_request(f"r{i}", length))
+    assert _run_speculators_loop(scheduler) == {"r0": 700, "r1": 700}
+
+
+@needs_adapter(ID, IN_0_4)
 def test_generator_scheduler_finishes_every_prefill(
     generator_module: ModuleType, vllm_config: Any, kv_cache_config: Any
 ) -> None:
@@ -55,6 +87,7 @@ def test_generator_scheduler_finishes_every_prefill(
     assert not scheduler.requests  # every request was aborted once prefilled
 
 
+@needs_adapter(ID, IN_0_4)
 def test_generator_fails_without_it(tiny_llama: Path) -> None:
     import tiny_models
 

@@ -9,8 +9,19 @@ from typing import Any
 import pytest
 
 import speccompat
-from speccompat.adapters.collective_rpc_unique_reply_rank import ID, ListReplyExecutor
-from support import requires_speculators, requires_vllm, speculators_generator
+from speccompat.adapters.collective_rpc_unique_reply_rank import (
+    ID,
+    ID_V04,
+    BareReplyExecutor,
+    ListReplyExecutor,
+)
+from support import (
+    needs_adapter,
+    requires_speculators,
+    requires_vllm,
+    speculators_generator,
+    vllm_in,
+)
 
 pytestmark = [requires_vllm, requires_speculators]
 
@@ -24,11 +35,20 @@ def executor(vllm_config: Any) -> Any:
     executor.shutdown()
 
 
+@vllm_in(">=0.11.1", "a unique reply is a one-element list before 0.11.1")
 def test_raw_unique_reply_is_the_bare_result(executor: Any) -> None:
     everyone = executor.collective_rpc("get_kv_cache_spec")
     rank0 = executor.collective_rpc("get_kv_cache_spec", unique_reply_rank=0)
     assert isinstance(everyone, list) and len(everyone) == 1
     assert isinstance(rank0, dict) and rank0.keys() == everyone[0].keys()
+
+
+@vllm_in("<0.11.1", "a unique reply is the bare result from 0.11.1 on")
+def test_raw_unique_reply_is_a_one_element_list(executor: Any) -> None:
+    everyone = executor.collective_rpc("get_kv_cache_spec")
+    rank0 = executor.collective_rpc("get_kv_cache_spec", unique_reply_rank=0)
+    assert isinstance(rank0, list) and len(rank0) == 1
+    assert isinstance(rank0[0], dict) and rank0[0].keys() == everyone[0].keys()
 
 
 def test_speccompat_collective_rpc_contract(executor: Any) -> None:
@@ -40,6 +60,7 @@ def test_speccompat_collective_rpc_contract(executor: Any) -> None:
         speccompat.collective_rpc(executor, "get_kv_cache_spec", rank=-1)
 
 
+@needs_adapter(ID, "speculators 0.4.0 reads the bare reply")
 def test_consumer_view_keeps_the_list_contract(executor: Any) -> None:
     view = ListReplyExecutor(executor)
     replies = view.collective_rpc("get_kv_cache_spec", unique_reply_rank=0)
@@ -52,7 +73,10 @@ UNIPROC = """
 import json, sys
 import speccompat
 from vllm.engine.arg_utils import EngineArgs
-from vllm.v1.executor.uniproc_executor import UniProcExecutor
+try:
+    from vllm.v1.executor.uniproc_executor import UniProcExecutor
+except ImportError:  # vLLM 0.11.0: the V1 class is in abstract.py
+    from vllm.v1.executor.abstract import UniProcExecutor
 config = EngineArgs(model=sys.argv[1], max_model_len=256, enforce_eager=True).create_engine_config()
 executor = UniProcExecutor(config)
 everyone = speccompat.collective_rpc(executor, "get_kv_cache_spec")
@@ -69,6 +93,7 @@ def test_uniproc_executor_has_the_same_contract(tiny_llama: Path) -> None:
     assert out.stdout.strip().splitlines()[-1] == '["list", 1, "dict"]'
 
 
+@needs_adapter(ID, "speculators 0.4.0 reads the bare reply")
 def test_generator_fails_without_it(tiny_llama: Path) -> None:
     import tiny_models
 
@@ -76,4 +101,26 @@ def test_generator_fails_without_it(tiny_llama: Path) -> None:
     # [0] takes layer 1's tensor, whose truth value is ambiguous.
     with speculators_generator(tiny_llama, exclude=(ID,), layer_ids=[1, 2]) as gen, \
             pytest.raises(RuntimeError, match="ambiguous"):
+        gen.generate(prompts)
+
+
+@needs_adapter(ID_V04, "this vLLM returns the bare reply speculators 0.4.0 reads")
+def test_v04_consumer_view_gives_the_bare_reply(executor: Any) -> None:
+    view = BareReplyExecutor(executor)
+    reply = view.collective_rpc("get_kv_cache_spec", unique_reply_rank=0)
+    everyone = view.collective_rpc("get_kv_cache_spec")
+    assert isinstance(reply, dict) and reply.keys() == everyone[0].keys()
+    assert isinstance(everyone, list) and len(everyone) == 1  # all ranks: still a list
+    assert view.vllm_config is executor.vllm_config
+
+
+@needs_adapter(ID_V04, "this vLLM returns the bare reply speculators 0.4.0 reads")
+def test_v04_generator_fails_without_it(tiny_llama: Path) -> None:
+    import tiny_models
+
+    prompts = tiny_models.make_prompts(tiny_models.VOCAB_SIZE, [12, 30])
+    # The request ids are looked up in the one-element list, not in the dict inside it, and
+    # reporting one as missing calls .keys() on that list.
+    with speculators_generator(tiny_llama, exclude=(ID_V04,), layer_ids=[1, 2]) as gen, \
+            pytest.raises(AttributeError, match="'list' object has no attribute 'keys'"):
         gen.generate(prompts)

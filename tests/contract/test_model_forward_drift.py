@@ -12,12 +12,20 @@ import pytest
 
 import speccompat
 from speccompat.adapters.model_forward_drift import ID
-from support import requires_speculators, requires_vllm, speculators_generator
+from support import (
+    needs_adapter,
+    requires_speculators,
+    requires_vllm,
+    speculators_generator,
+    vllm_in,
+)
 
 pytestmark = [requires_vllm, requires_speculators]
 WORKER_EXTENSION = "speculators.data_generation.custom_worker.HiddenStatesWorkerExtension"
+IN_0_4 = "speculators 0.4.0's capture is test_model_forward_drift_v04.py's"
 
 
+@vllm_in(">=0.11.1", "the inner models still have get_input_embeddings before 0.11.1")
 def test_raw_inner_models_renamed_get_input_embeddings() -> None:
     from vllm.model_executor.models.deepseek_v2 import DeepseekV2Model
     from vllm.model_executor.models.llama import LlamaModel
@@ -27,6 +35,7 @@ def test_raw_inner_models_renamed_get_input_embeddings() -> None:
         assert not hasattr(model, "get_input_embeddings")
 
 
+@vllm_in(">=0.12.0", "DeepSeek layers take no llama_4_scaling before 0.12.0")
 def test_raw_deepseek_forward_passes_llama_4_scaling_to_each_layer() -> None:
     from speculators.data_generation import custom_worker
     from vllm.model_executor.models.deepseek_v2 import DeepseekV2DecoderLayer, DeepseekV2Model
@@ -47,6 +56,7 @@ def test_raw_deepseek_eagle3_support_follows_the_release() -> None:
     assert supports_eagle3(DeepseekV3ForCausalLM) is (env.vllm.version >= Version("0.18.0"))
 
 
+@vllm_in(">=0.15.0", "KimiK25ForConditionalGeneration was added in 0.15.0")
 def test_raw_kimi_k25_has_no_model_attribute() -> None:
     from vllm.model_executor.models.kimi_k25 import KimiK25ForConditionalGeneration
 
@@ -55,6 +65,7 @@ def test_raw_kimi_k25_has_no_model_attribute() -> None:
     assert hasattr(KimiK25ForConditionalGeneration, "get_language_model")
 
 
+@needs_adapter(ID, IN_0_4)
 def test_generator_fails_without_it(tiny_llama: Path) -> None:
     import tiny_models
 
@@ -119,6 +130,7 @@ def _generate(llm: Any, prompt: list[int]) -> None:
     llm.generate([{"prompt_token_ids": prompt}], SamplingParams(max_tokens=1), use_tqdm=False)
 
 
+@needs_adapter(ID, IN_0_4)
 def test_capture_keeps_vllms_llama_4_scaling(engine: Any) -> None:
     import torch
     from vllm.model_executor.models.deepseek_v2 import _get_llama_4_scaling

@@ -5,18 +5,18 @@ from types import ModuleType
 
 import pytest
 
-from speccompat.adapters.request_eos_token_id_removed import ADAPTER, ID
-from support import only, requires_speculators, requires_vllm, speculators_generator
+from speccompat.adapters.request_eos_token_id_removed import ID
+from support import (
+    needs_adapter,
+    only,
+    requires_speculators,
+    requires_vllm,
+    speculators_generator,
+    vllm_in,
+)
 
 pytestmark = [requires_vllm, requires_speculators]
-
-
-@pytest.fixture(autouse=True)
-def _for_this_version() -> None:
-    import speccompat
-
-    if not ADAPTER.wants(speccompat.detect())[0]:
-        pytest.skip(f"vLLM {speccompat.detect().vllm} still takes Request(eos_token_id=)")
+BEFORE_0_17 = "Request.__init__ takes eos_token_id before vLLM 0.17.0"
 
 
 def _speculators_request(request_cls: type) -> object:
@@ -27,6 +27,7 @@ def _speculators_request(request_cls: type) -> object:
                        pooling_params=None, eos_token_id=2, arrival_time=0.0)
 
 
+@vllm_in(">=0.17.0", BEFORE_0_17)
 def test_raw_request_rejects_eos_token_id() -> None:
     from vllm.v1.request import Request
 
@@ -34,6 +35,7 @@ def test_raw_request_rejects_eos_token_id() -> None:
         _speculators_request(Request)
 
 
+@needs_adapter(ID, BEFORE_0_17)
 def test_generator_request_carries_eos_on_sampling_params(generator_module: ModuleType) -> None:
     from vllm.v1.request import Request
 
@@ -45,6 +47,7 @@ def test_generator_request_carries_eos_on_sampling_params(generator_module: Modu
     assert generator_module.Request is Request
 
 
+@needs_adapter(ID, BEFORE_0_17)
 def test_generator_fails_without_it(tiny_llama: Path) -> None:
     import tiny_models
 

@@ -1,9 +1,9 @@
-"""speculators 0.3.0's own generator on the installed vLLM (CPU build), against HF.
+"""speculators' own generator (0.3.0 or 0.4.0) on the installed vLLM (CPU build), against HF.
 
 Every sample must come back as ``len(layer_ids)`` tensors ``[seq_len, hidden]``
 in the model dtype, in input order, each the output of its decoder layer
-before the final norm; and without ``apply()`` the same run must fail or
-return the wrong structure.
+before the final norm; and, for speculators 0.3.0, without ``apply()`` the same
+run must fail or return the wrong structure.
 """
 
 from __future__ import annotations
@@ -13,7 +13,14 @@ from typing import Any
 
 import pytest
 
-from support import requires_speculators, requires_vllm, speculators_generator
+from support import (
+    chunked_prefill_on,
+    requires_speculators,
+    requires_vllm,
+    speculators_generator,
+    speculators_in,
+    vllm_in,
+)
 
 pytestmark = [requires_vllm, requires_speculators]
 
@@ -101,8 +108,18 @@ def test_chunked_prefill_keeps_every_token(tiny_llama: Path) -> None:
 
         gen.scheduler.schedule = spy
         results = gen.generate(prompts)
-    chunked = [rid for rid in steps[0] if any(rid in step for step in steps[1:])]
-    assert chunked, f"no prompt was split across steps: {steps}"
+        chunking = chunked_prefill_on(gen.vllm_config.scheduler_config)
+    first: dict[str, tuple[int, int]] = {}  # request -> (step, tokens) when first scheduled
+    for index, step in enumerate(steps):
+        for rid, count in step.items():
+            first.setdefault(rid, (index, count))
+    chunked = [rid for rid, (_, count) in first.items() if count not in CHUNKED_LENGTHS]
+    if chunking:
+        assert chunked, f"no prompt was split across steps: {steps}"
+    else:
+        # vLLM 0.11.0: a SchedulerConfig built by hand does not chunk; the third prompt
+        # waits for the second step instead, which still spans the batch over two steps.
+        assert not chunked and max(index for index, _ in first.values()) >= 1, steps
     _check_against_hf(tiny_llama, prompts, results, layer_ids, 64, torch.bfloat16)
 
 
@@ -118,6 +135,13 @@ def test_deepseek_v3_matches_hf(tiny_deepseek: Path, tp: int) -> None:
         # Seen on vLLM 0.22.0's CPU build: "cpu_fused_moe.cpp: Check failed: output_size_13
         # % min_w13_n_tile_size == 0" for the tiny model's 16-wide MoE shard per rank.
         pytest.skip("vLLM's CPU fused-MoE kernel rejects the tiny DeepSeek's TP=2 shard")
+    if env.vllm is not None and env.vllm.version < Version("0.11.1"):
+        # Measured on vLLM 0.11.0's x86 CPU build with speculators 0.3.0 and 0.4.0 alike:
+        # dense layer 0 within 1.6% of HF, the MoE layers 12-33% off. Its IPEX GatedMLPMOE
+        # routes noaux_tc (e_score_correction_bias) unlike HF and vLLM's own grouped_topk
+        # (5% apart on one random MoE layer; 0.4% without the bias).
+        pytest.skip("vLLM 0.11.0's CPU MoE kernel (IPEX) routes DeepSeek V3's noaux_tc "
+                    "experts unlike HF; the capture is checked on Llama here")
 
     layer_ids = [0, 2, 3]  # a dense layer and MoE layers
     prompts = _prompts(LENGTHS)
@@ -128,6 +152,9 @@ def test_deepseek_v3_matches_hf(tiny_deepseek: Path, tp: int) -> None:
     print(f"deepseek_v3 tp={tp}: worst mean relative error vs HF {worst:.2e}")
 
 
+@speculators_in("==0.3.*", "the seed pair is speculators 0.3.0's; what 0.4.0 does without "
+                "each adapter is in the contract tests' test_*generator_fails_without_it")
+@vllm_in(">=0.12.0", "SchedulerConfig requires is_encoder_decoder from vLLM 0.12.0 on")
 def test_without_apply_the_seed_pair_fails(tiny_llama: Path) -> None:
     with pytest.raises(Exception) as failure, speculators_generator(
         tiny_llama, apply=False, layer_ids=[0, 1]

@@ -433,3 +433,38 @@ def test_deferred_adapter_reverted_before_import(
     importlib.import_module(name)
     assert fired == []
     assert not _finder_installed()
+
+
+def test_add_module_serves_a_missing_submodule_until_revert(
+    module_dir: Path, unique_name: Callable[[str], str],
+) -> None:
+    package = unique_name("pkg")
+    (module_dir / package).mkdir()
+    (module_dir / package / "__init__.py").write_text("def helper():\n    return 7\n")
+    importlib.invalidate_caches()
+    parent = importlib.import_module(package)
+    moved = types.ModuleType(f"{package}.moved")
+    moved.helper = parent.helper  # type: ignore[attr-defined]
+    patcher = Patcher("t.moved")
+    patcher.add_module(f"{package}.moved", moved)
+    consumer: dict[str, Any] = {}  # what a consumer written for the newer layout runs
+    exec(f"from {package}.moved import helper", consumer)
+    assert consumer["helper"]() == 7
+    assert patched_by(sys.modules[f"{package}.moved"]) == "t.moved"
+    assert parent.moved is moved  # type: ignore[attr-defined]
+    with pytest.raises(AdapterError, match="exists"):
+        Patcher("t.other").add_module(f"{package}.moved", types.ModuleType("x"))
+    patcher.revert()
+    assert f"{package}.moved" not in sys.modules and not hasattr(parent, "moved")
+    with pytest.raises(ImportError):
+        exec(f"from {package}.moved import helper", {})
+
+
+def test_add_module_refuses_to_shadow_a_real_module(
+    module_dir: Path, unique_name: Callable[[str], str],
+) -> None:
+    name = unique_name("real")
+    _write_module(module_dir, name)
+    with pytest.raises(AdapterError, match="exists"):
+        Patcher("t.shadow").add_module(name, types.ModuleType(name))
+    assert name not in sys.modules

@@ -5,6 +5,10 @@ first layer's tensor and writes garbage without an error. vLLM's own callers
 rely on the bare return, so vLLM is left alone: the generator gets a view of
 its executor that keeps the <= 0.11.0 list contract it was written for, and
 the captured states are checked before the generator slices them.
+
+speculators 0.4.0 was written for the bare return; on vLLM 0.11.0 it looks the
+request ids up in the one-element list and fails (AttributeError, as it reports
+the first one missing), so its view of the executor gives the bare result there.
 """
 
 from __future__ import annotations
@@ -16,10 +20,11 @@ from ..errors import WorkerFailedError
 from ..patching import Patcher
 from ..registry import Adapter, Side
 from ..rpc import collective_rpc
-from ..targets import GENERATOR, Proxy, wrap_factory
+from ..targets import GENERATOR, Proxy, SourceDef, source_def, wrap_factory
 from ..versions import spec
 
 ID = "vllm.collective_rpc.unique_reply_rank"
+ID_V04 = "vllm.collective_rpc.unique_reply_rank.speculators_0_4"
 
 
 class ListReplyExecutor(Proxy):
@@ -79,19 +84,53 @@ class ListReplyExecutor(Proxy):
             scheduler_output, *args, **kwargs))
 
 
+class BareReplyExecutor(Proxy):
+    """The executor as speculators 0.4.0 expects it: a unique reply comes as ``result``."""
+
+    def collective_rpc(
+        self,
+        method: Any,
+        timeout: float | None = None,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+        non_block: bool = False,
+        unique_reply_rank: int | None = None,
+        **extra: Any,
+    ) -> Any:
+        if unique_reply_rank is None or non_block or extra:
+            return self.inner.collective_rpc(
+                method, timeout=timeout, args=args, kwargs=kwargs, non_block=non_block,
+                unique_reply_rank=unique_reply_rank, **extra)
+        return collective_rpc(self.inner, method, rank=unique_reply_rank, args=args,
+                              kwargs=kwargs, timeout=timeout)
+
+
+def _collective_rpc() -> SourceDef | None:
+    # Read, not imported: importing the executor module costs seconds in apply().
+    return source_def("vllm.v1.executor.multiproc_executor", "MultiprocExecutor.collective_rpc")
+
+
 def _probe() -> str | None:
-    from vllm.v1.executor.multiproc_executor import MultiprocExecutor
-
-    from ..targets import parameters
-
-    if "unique_reply_rank" not in parameters(MultiprocExecutor.collective_rpc):
+    rpc = _collective_rpc()
+    if rpc is None or "unique_reply_rank" not in rpc.params:
         return "MultiprocExecutor.collective_rpc has no unique_reply_rank parameter"
-    import inspect
-
-    source = inspect.getsource(MultiprocExecutor.collective_rpc)
-    if "responses[0] if output_rank is not None" not in source:
+    if "responses[0] if output_rank is not None" not in rpc.text:
         return "MultiprocExecutor.collective_rpc no longer returns responses[0] for one rank"
     return None
+
+
+def _probe_v04() -> str | None:
+    rpc = _collective_rpc()
+    if rpc is None or "unique_reply_rank" not in rpc.params:
+        return "MultiprocExecutor.collective_rpc has no unique_reply_rank parameter"
+    if "responses[0] if output_rank is not None" in rpc.text or "return responses" not in rpc.text:
+        return "MultiprocExecutor.collective_rpc no longer returns the list of responses"
+    return None
+
+
+def _patch_v04(patcher: Patcher) -> None:
+    patcher.wrap_on_import(GENERATOR, "MultiprocExecutor",
+                           lambda original: wrap_factory(original, BareReplyExecutor))
 
 
 def _patch(patcher: Patcher) -> None:
@@ -110,4 +149,17 @@ ADAPTER = Adapter(
     probe=_probe,
     patch=_patch,
     remove_when="speculators 0.3.0 is no longer supported (0.4.0 dropped the [0])",
+)
+
+ADAPTER_V04 = Adapter(
+    id=ID_V04,
+    summary="speculators 0.4.0 sees a unique reply as the bare result on vLLM 0.11.0 too",
+    upstream="vLLM 0.11.1: MultiprocExecutor.collective_rpc returns responses[0] when "
+    "unique_reply_rank is set; speculators 0.4.0 expects that",
+    vllm=spec("<0.11.1"),
+    speculators=spec("==0.4.*"),
+    side=Side.DRIVER,
+    probe=_probe_v04,
+    patch=_patch_v04,
+    remove_when="vLLM 0.11.0 is no longer supported with speculators 0.4.0",
 )

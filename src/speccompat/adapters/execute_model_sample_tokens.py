@@ -2,7 +2,10 @@
 
 Without it the next ``execute_model`` raises "State error: sample_tokens() must
 be called after execute_model() returns None". speculators 0.3.0 only calls
-``execute_model``; its view of the executor completes each step.
+``execute_model``; its view of the executor completes each step. speculators
+0.4.0 calls ``sample_tokens(model_output)`` after every step, which vLLM 0.11.0's
+executor does not have: its ``execute_model`` already sampled, so the view hands
+that output back.
 """
 
 from __future__ import annotations
@@ -11,10 +14,11 @@ from typing import Any
 
 from ..patching import Patcher
 from ..registry import Adapter, Side
-from ..targets import GENERATOR, Proxy, wrap_factory
+from ..targets import GENERATOR, Proxy, source_def, wrap_factory
 from ..versions import spec
 
 ID = "vllm.executor.sample_tokens_required"
+ID_V04 = "vllm.executor.sample_tokens_required.speculators_0_4"
 
 
 class SamplingStepExecutor(Proxy):
@@ -28,12 +32,30 @@ class SamplingStepExecutor(Proxy):
         return output
 
 
-def _probe() -> str | None:
-    from vllm.v1.executor.multiproc_executor import MultiprocExecutor
+class SampledStepExecutor(Proxy):
+    """``sample_tokens`` for an executor whose ``execute_model`` returns the sampled output."""
 
-    if not hasattr(MultiprocExecutor, "sample_tokens"):
-        return "MultiprocExecutor has no sample_tokens"
-    return None
+    def sample_tokens(self, model_output: Any, *args: Any, **kwargs: Any) -> Any:
+        return model_output  # execute_model sampled already; nothing is left to run
+
+
+def _has_sample_tokens() -> bool:
+    # Read, not imported: importing the executor module costs seconds in apply().
+    return source_def("vllm.v1.executor.multiproc_executor",
+                      "MultiprocExecutor.sample_tokens") is not None
+
+
+def _probe() -> str | None:
+    return None if _has_sample_tokens() else "MultiprocExecutor has no sample_tokens"
+
+
+def _probe_v04() -> str | None:
+    return "MultiprocExecutor has sample_tokens" if _has_sample_tokens() else None
+
+
+def _patch_v04(patcher: Patcher) -> None:
+    patcher.wrap_on_import(GENERATOR, "MultiprocExecutor",
+                           lambda original: wrap_factory(original, SampledStepExecutor))
 
 
 def _patch(patcher: Patcher) -> None:
@@ -51,4 +73,17 @@ ADAPTER = Adapter(
     probe=_probe,
     patch=_patch,
     remove_when="speculators 0.3.0 is no longer supported (0.4.0 calls sample_tokens)",
+)
+
+ADAPTER_V04 = Adapter(
+    id=ID_V04,
+    summary="speculators 0.4.0's sample_tokens(model_output) after each step returns the "
+    "output vLLM 0.11.0's execute_model already sampled",
+    upstream="vLLM 0.11.1: execute_model/sample_tokens split; speculators 0.4.0 calls both",
+    vllm=spec("<0.11.1"),
+    speculators=spec("==0.4.*"),
+    side=Side.DRIVER,
+    probe=_probe_v04,
+    patch=_patch_v04,
+    remove_when="vLLM 0.11.0 is no longer supported with speculators 0.4.0",
 )

@@ -1,7 +1,9 @@
 """``get_kv_cache_config_from_groups`` lost its ``kv_cache_specs`` argument in vLLM 0.12.0.
 
 The specs are already inside the groups speculators 0.3.0 passes, so the
-argument is dropped at the call rather than recomputed.
+argument is dropped at the call rather than recomputed. speculators 0.4.0 does
+not pass it, which vLLM 0.11.x requires; there it is rebuilt from the groups
+(layer name -> its group's spec), from which vLLM 0.12.0 takes the page size.
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ from typing import Any
 
 from ..patching import Patcher
 from ..registry import Adapter, Side
-from ..targets import GENERATOR, parameters
+from ..targets import GENERATOR, source_def
 from ..versions import spec
 
 ID = "vllm.kv_cache_utils.kv_cache_specs_removed"
+ID_V04 = "vllm.kv_cache_utils.kv_cache_specs_removed.speculators_0_4"
 
 
 def _without_specs(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -27,16 +30,51 @@ def _without_specs(original: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
-def _probe() -> str | None:
-    from vllm.v1.core import kv_cache_utils
+def _with_specs(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        # The consumer calls it the vLLM 0.12.0 way, where a third positional is the memory.
+        names = ("vllm_config", "kv_cache_groups", "available_memory")
+        named = dict(zip(names[: len(args)], args, strict=True))
+        named.update(kwargs)
+        named.setdefault("kv_cache_specs", {
+            name: group.kv_cache_spec
+            for group in named["kv_cache_groups"] for name in group.layer_names})
+        return original(**named)
 
-    if "kv_cache_specs" in parameters(kv_cache_utils.get_kv_cache_config_from_groups):
+    return call
+
+
+def _planner_params() -> dict[str, bool] | None:
+    # Read, not imported (apply() stays fast); vLLM 0.33.0 moved it to kv_cache_planning.
+    for module in ("vllm.v1.core.kv_cache_utils", "vllm.v1.core.kv_cache_planning"):
+        found = source_def(module, "get_kv_cache_config_from_groups")
+        if found is not None:
+            return found.params
+    return None
+
+
+def _probe() -> str | None:
+    params = _planner_params()
+    if params is None:
+        return "get_kv_cache_config_from_groups is gone"
+    if "kv_cache_specs" in params:
         return "get_kv_cache_config_from_groups still takes kv_cache_specs"
+    return None
+
+
+def _probe_v04() -> str | None:
+    if (_planner_params() or {}).get("kv_cache_specs") is not False:
+        return "get_kv_cache_config_from_groups does not require kv_cache_specs"
     return None
 
 
 def _patch(patcher: Patcher) -> None:
     patcher.wrap_on_import(GENERATOR, "get_kv_cache_config_from_groups", _without_specs)
+
+
+def _patch_v04(patcher: Patcher) -> None:
+    patcher.wrap_on_import(GENERATOR, "get_kv_cache_config_from_groups", _with_specs)
 
 
 ADAPTER = Adapter(
@@ -50,4 +88,18 @@ ADAPTER = Adapter(
     probe=_probe,
     patch=_patch,
     remove_when="speculators 0.3.0 is no longer supported",
+)
+
+ADAPTER_V04 = Adapter(
+    id=ID_V04,
+    summary="speculators 0.4.0's get_kv_cache_config_from_groups call gets the kv_cache_specs "
+    "vLLM 0.11.x requires, rebuilt from the groups",
+    upstream="vLLM 0.12.0: get_kv_cache_config_from_groups(vllm_config, kv_cache_groups, "
+    "available_memory); speculators 0.4.0 calls it that way",
+    vllm=spec("<0.12.0"),
+    speculators=spec("==0.4.*"),
+    side=Side.DRIVER,
+    probe=_probe_v04,
+    patch=_patch_v04,
+    remove_when="vLLM 0.11.x is no longer supported with speculators 0.4.0",
 )

@@ -128,7 +128,7 @@ ADAPTER = Adapter(
     summary="speculators 0.3.0's worker captures through decoder-layer hooks while vLLM's own "
     "forward runs, per request, in admission order",
     upstream=UPSTREAM,
-    vllm=spec(">=0.11.1"),
+    vllm=spec(">=0.11.0"),
     speculators=spec("==0.3.*"),
     side=Side.WORKER,
     probe=_probe_v03,
@@ -142,7 +142,7 @@ ADAPTER_V04 = Adapter(
     summary="speculators 0.4.0's worker captures through decoder-layer hooks while vLLM's own "
     "forward runs, keyed by request id, in the runner's own batch layout (V1 or V2)",
     upstream=UPSTREAM,
-    vllm=spec(">=0.12.0"),
+    vllm=spec(">=0.11.0"),
     speculators=spec("==0.4.*"),
     side=Side.WORKER,
     probe=_probe_v04,

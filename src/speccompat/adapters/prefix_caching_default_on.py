@@ -9,18 +9,25 @@ is built with prefix caching off unless the caller chose otherwise
 
 from __future__ import annotations
 
+import re
+
 from ..patching import Patcher
 from ..registry import Adapter, Side
-from ..targets import GENERATOR, with_defaults
+from ..targets import GENERATOR, module_source, with_defaults
 from ..versions import spec
 
 ID = "vllm.cache_config.prefix_caching_default_on"
 
 
-def _probe() -> str | None:
-    from vllm.config import CacheConfig
+_DEFAULT = re.compile(r"^    enable_prefix_caching: [^=\n]+= (\w+)", re.MULTILINE)
 
-    if CacheConfig().enable_prefix_caching is False:
+
+def _probe() -> str | None:
+    # Read, not imported: importing vllm.config costs seconds in apply().
+    default = _DEFAULT.search(module_source("vllm.config.cache") or "")
+    if default is None:
+        return "CacheConfig declares no enable_prefix_caching default"
+    if default.group(1) == "False":
         return "CacheConfig() has prefix caching off by default"
     return None
 

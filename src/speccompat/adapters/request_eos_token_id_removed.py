@@ -14,7 +14,7 @@ from typing import Any
 
 from ..patching import Patcher
 from ..registry import Adapter, Side
-from ..targets import GENERATOR, parameters
+from ..targets import GENERATOR, source_def
 from ..versions import spec
 
 ID = "vllm.request.eos_token_id_removed"
@@ -33,9 +33,10 @@ def _eos_on_sampling_params(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _probe() -> str | None:
-    from vllm.v1.request import Request
-
-    if "eos_token_id" in parameters(Request.__init__):
+    init = source_def("vllm.v1.request", "Request.__init__")  # read, not imported
+    if init is None:
+        return "vllm.v1.request defines no Request.__init__"
+    if "eos_token_id" in init.params:
         return "Request.__init__ still takes eos_token_id"
     return None
 

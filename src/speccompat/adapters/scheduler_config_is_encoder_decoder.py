@@ -1,23 +1,28 @@
 """``SchedulerConfig`` requires the init-only ``is_encoder_decoder`` from vLLM 0.12.0.
 
 speculators 0.3.0 extracts from decoder-only models, so ``False`` is the value
-(speculators 0.4.0 passes the same).
+(speculators 0.4.0 passes the same). vLLM 0.11.0, which has no such field, ignores
+unknown ``SchedulerConfig`` arguments (pydantic's default), so 0.4.0's needs nothing there.
 """
 
 from __future__ import annotations
 
+import re
+
 from ..patching import Patcher
 from ..registry import Adapter, Side
-from ..targets import GENERATOR, requires_argument, with_defaults
+from ..targets import GENERATOR, module_source, with_defaults
 from ..versions import spec
 
 ID = "vllm.scheduler_config.is_encoder_decoder_required"
 
 
-def _probe() -> str | None:
-    from vllm.config import SchedulerConfig
+_REQUIRED_FIELD = re.compile(r"^    is_encoder_decoder: InitVar\[bool\]\s*$", re.MULTILINE)
 
-    if not requires_argument(SchedulerConfig, "is_encoder_decoder"):
+
+def _probe() -> str | None:
+    # Read, not imported: importing vllm.config costs seconds in apply().
+    if not _REQUIRED_FIELD.search(module_source("vllm.config.scheduler") or ""):
         return "SchedulerConfig does not require is_encoder_decoder"
     return None
 

@@ -10,12 +10,11 @@ engine does.
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 from ..patching import Patcher
 from ..registry import Adapter, Side
-from ..targets import GENERATOR, Proxy, require_in_source, wrap_factory
+from ..targets import GENERATOR, Proxy, require_in_source, source_def, wrap_factory
 from ..versions import spec
 
 ID = "vllm.executor.warm_up_not_in_initialize"
@@ -29,11 +28,11 @@ class WarmingUpExecutor(Proxy):
 
 
 def _probe() -> str | None:
-    from vllm.v1.executor.abstract import Executor
-
-    if not hasattr(Executor, "compile_or_warm_up_model"):
+    executor = "vllm.v1.executor.abstract"  # read, not imported
+    if source_def(executor, "Executor.compile_or_warm_up_model") is None:
         return "Executor has no compile_or_warm_up_model"
-    if "compile_or_warm_up_model" in inspect.getsource(Executor.initialize_from_config):
+    initialize = source_def(executor, "Executor.initialize_from_config")
+    if initialize is None or "compile_or_warm_up_model" in initialize.text:
         return "Executor.initialize_from_config still warms up"
     return require_in_source(GENERATOR, ".initialize_from_config(")
 
