@@ -66,6 +66,8 @@ def test_raw_kimi_k25_has_no_model_attribute() -> None:
 
 
 @needs_adapter(ID, IN_0_4)
+@vllm_in(">=0.11.1", "on vLLM 0.11.0, its own pin, speculators 0.3.0's copied forward "
+         "still runs Llama")
 def test_generator_fails_without_it(tiny_llama: Path) -> None:
     import tiny_models
 
@@ -131,6 +133,7 @@ def _generate(llm: Any, prompt: list[int]) -> None:
 
 
 @needs_adapter(ID, IN_0_4)
+@vllm_in(">=0.12.0", "DeepSeek layers take llama_4_scaling from vLLM 0.12.0")
 def test_capture_keeps_vllms_llama_4_scaling(engine: Any) -> None:
     import torch
     from vllm.model_executor.models.deepseek_v2 import _get_llama_4_scaling

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from speccompat.adapters.spawn_after_cuda_init import ID
-from support import requires_speculators, requires_vllm, runs_models
+from support import needs_adapter, requires_speculators, requires_vllm, runs_models
 
 pytestmark = [requires_vllm, requires_speculators]
 TESTS = Path(__file__).resolve().parents[1]
@@ -79,12 +79,14 @@ GENERATOR_RUN = """
 
 
 @runs_models
+@needs_adapter(ID)
 def test_generator_spawns_after_cuda_init(tmp_path: Path) -> None:
     out = run_script(GENERATOR_RUN.format(exclude=(), model=str(tmp_path / "llama")))
     assert "METHOD spawn" in out and "ROWS 12" in out and "WARNED True" in out
 
 
 @runs_models
+@needs_adapter(ID)
 def test_generator_forks_without_it(tmp_path: Path) -> None:
     # On CPU a forked worker still runs; on a GPU it fails at its first CUDA call.
     out = run_script(GENERATOR_RUN.format(exclude=(ID,), model=str(tmp_path / "llama")))

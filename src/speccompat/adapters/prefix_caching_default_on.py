@@ -40,9 +40,10 @@ def _patch(patcher: Patcher) -> None:
 ADAPTER = Adapter(
     id=ID,
     summary="the generator's CacheConfig has prefix caching off, so every token is computed",
-    upstream="vLLM V1 engine: CacheConfig.enable_prefix_caching defaults to True; requests "
-    "need Request(block_hasher=...) when it is on",
-    vllm=spec(">=0.11.0"),
+    upstream="vLLM V1 engine: CacheConfig.enable_prefix_caching defaults to True (0.12.0; "
+    "None in 0.11.x, where a hand-built 0.11.0 config stays off); requests need "
+    "Request(block_hasher=...) when it is on",
+    vllm=spec(">=0.11.1"),
     speculators=spec("==0.3.*"),
     side=Side.DRIVER,
     probe=_probe,
