@@ -8,6 +8,7 @@ run must fail or return the wrong structure.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,8 @@ def _check_against_hf(model: Path, prompts: list[list[int]], results: list[dict[
     ``outliers``: the share of tokens allowed past MAX_TOLERANCE. MoE routing in bf16
     (vLLM) and fp32 (HF) can pick a different expert for a token whose expert scores
     tie to 1e-3, which moves that token by ~20%, and later layers inherit the move
-    (measured on the tiny DeepSeek: 9 of 300 tokens at layer 3). Dense models get 0:
+    (measured on the tiny DeepSeek: 9 of 300 tokens at layer 3; 1 of 17 on vLLM 0.24/0.29,
+    where 5% rounds down to none). Dense models get 0:
     every token of a chunked or reordered batch is checked.
     """
     import torch
@@ -73,7 +75,8 @@ def _check_against_hf(model: Path, prompts: list[list[int]], results: list[dict[
             off = int((per_token > MAX_TOLERANCE).sum())
             where = (f"layer {layer}, {len(prompt)} tokens: mean {mean:.2e}, "
                      f"{off} tokens past {MAX_TOLERANCE}")
-            assert mean < MEAN_TOLERANCE and off <= outliers * len(prompt), where
+            # Rounded up: in a short MoE prompt one flipped token is still a flip, not a bug.
+            assert mean < MEAN_TOLERANCE and off <= math.ceil(outliers * len(prompt)), where
             worst = max(worst, mean)
     return worst
 
