@@ -239,3 +239,19 @@ def worker_call(generator: Any, function: Any) -> list[Any]:
     rank. Define ``function`` inside the test: cloudpickle then sends it by value."""
     executor = getattr(generator.executor, "unwrapped", generator.executor)
     return list(executor.collective_rpc(function))
+
+
+def import_fixes() -> list[str]:
+    """The adapters without which speculators does not import here (transformers 5,
+    vLLM 0.11.0 for speculators 0.4.0, vLLM 0.33.0's moved helpers): for tests that import
+    it in this process without being about those adapters."""
+    from speccompat.adapters import (
+        get_hash_fn_by_name_moved,
+        kv_cache_planning_moved,
+        speculators_transformers5_import,
+        transformers_attn_mask_utils_removed,
+    )
+
+    return [m.ID for m in (get_hash_fn_by_name_moved, kv_cache_planning_moved,
+                           speculators_transformers5_import, transformers_attn_mask_utils_removed)
+            if adapter_applies(m.ID)[0] and m.ADAPTER.probe() is None]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 from collections.abc import Iterator
@@ -37,8 +38,15 @@ def test_raw_inner_models_renamed_get_input_embeddings() -> None:
 
 @vllm_in(">=0.12.0", "DeepSeek layers take no llama_4_scaling before 0.12.0")
 def test_raw_deepseek_forward_passes_llama_4_scaling_to_each_layer() -> None:
-    from speculators.data_generation import custom_worker
+    import importlib
+
     from vllm.model_executor.models.deepseek_v2 import DeepseekV2DecoderLayer, DeepseekV2Model
+
+    from support import import_fixes, only
+
+    fixes = import_fixes()  # speculators must import here (transformers 5)
+    with only(*fixes) if fixes else contextlib.nullcontext():
+        custom_worker = importlib.import_module("speculators.data_generation.custom_worker")
 
     assert "llama_4_scaling" in inspect.signature(DeepseekV2DecoderLayer.forward).parameters
     assert "llama_4_scaling" in inspect.getsource(DeepseekV2Model.forward)
@@ -85,13 +93,21 @@ def engine(tiny_deepseek_llama4_scaling: Path) -> Iterator[Any]:
     config that sets llama_4_scaling, with speculators' worker extension."""
     from vllm import LLM
 
+    import speccompat
+    from support import import_fixes
+
     old = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    fixes = import_fixes()  # the worker extension is imported in this process
+    if fixes:
+        speccompat.apply(only=fixes)
     try:
         llm = LLM(model=str(tiny_deepseek_llama4_scaling), max_model_len=256,
                   enforce_eager=True, enable_prefix_caching=False,
                   worker_extension_cls=WORKER_EXTENSION)
     finally:
+        if fixes:
+            speccompat.revert()
         if old is None:
             os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
         else:
