@@ -45,8 +45,10 @@ from nox.command import CommandFailed
 ROOT = Path(__file__).parent
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tests"))
 import compatibility  # noqa: E402
 
+from cpu_env import CPU_ENV  # noqa: E402
 from speccompat import matrix  # noqa: E402
 
 nox.options.default_venv_backend = "uv"
@@ -55,14 +57,6 @@ nox.options.reuse_existing_virtualenvs = True
 
 PYTHON = "3.11"
 TEST_DEPS = ["pytest>=8", "hypothesis>=6.100"]
-CPU_ENV = {
-    "VLLM_CPU_KVCACHE_SPACE": "1",
-    "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
-    "VLLM_CPU_OMP_THREADS_BIND": "0|1",
-    "TOKENIZERS_PARALLELISM": "false",
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-}
 MATRIX_DIR = ROOT / ".matrix"
 RESULTS = MATRIX_DIR / "results"
 JUNIT = MATRIX_DIR / "junit"

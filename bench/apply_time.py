@@ -37,7 +37,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from cpu_env import CPU_ENV
 
 TARGET_MS = 20.0
 MARKER = "SPECCOMPAT_BENCH_JSON "
@@ -47,9 +51,6 @@ PREIMPORTS: dict[str, tuple[str, ...]] = {
     "generator": ("torch", "vllm", "speculators.data_generation.vllm_hidden_states_generator",
                   "speculators.data_generation.custom_worker"),
 }
-CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
-           "VLLM_CPU_OMP_THREADS_BIND": "0|1", "TOKENIZERS_PARALLELISM": "false",
-           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
 def child(scenario: str) -> int:

@@ -59,16 +59,15 @@ from pathlib import Path
 from typing import Any
 
 TESTS = Path(__file__).resolve().parents[1] / "tests"
+sys.path.insert(0, str(TESTS))
+from cpu_env import CPU_ENV, set_defaults  # noqa: E402
+
 TARGET = 0.98
 MARKER = "SPECCOMPAT_BENCH_JSON "
 LAYER_IDS = [0, 1, 2, 3]
 MAX_MODEL_LEN = 2048
 MIN_LEN, MAX_LEN = 128, 1024
 WORKER_TIMEOUT_S = 900
-# tests/conftest.py's environment for vLLM's CPU build.
-CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
-           "VLLM_CPU_OMP_THREADS_BIND": "0|1", "TOKENIZERS_PARALLELISM": "false",
-           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 SIDES = ("speccompat", "native")
 
 
@@ -118,12 +117,10 @@ def check(results: list[dict[str, Any]], batch: list[list[int]], hidden: int) ->
 
 
 def worker(args: argparse.Namespace) -> int:
-    for key, value in CPU_ENV.items():
-        os.environ.setdefault(key, value)
+    set_defaults()
     os.environ.pop("SPECCOMPAT_ACTIVE", None)  # a native worker must not inherit adapters
     if args.arch == "deepseek":
         os.environ["VLLM_MLA_DISABLE"] = "1"  # the CPU build has no MLA kernels
-    sys.path.insert(0, str(TESTS))
     from importlib import metadata
 
     out: dict[str, Any] = {"side": args.side, "arch": args.arch, "versions": {

@@ -23,6 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+from cpu_env import CPU_ENV  # noqa: E402
 
 LAYER_IDS = [0, 1, 2, 3]  # 3 is the last layer: compared before the final norm
 LENGTHS = [5, 17, 300, 64]
@@ -31,9 +32,6 @@ LENGTHS = [5, 17, 300, 64]
 # by ~100%.
 MEAN_TOLERANCE = 0.05
 MAX_TOLERANCE = 0.15
-ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
-       "VLLM_CPU_OMP_THREADS_BIND": "0|1", "TOKENIZERS_PARALLELISM": "false",
-       "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
 def extract(model: str, fixed: bool, out: str) -> None:
@@ -60,7 +58,7 @@ def extract(model: str, fixed: bool, out: str) -> None:
 
 
 def run_child(model: Path, fixed: bool, out: Path) -> tuple[int, str]:
-    env = {**os.environ, **ENV}
+    env = {**os.environ, **CPU_ENV}
     proc = subprocess.run(
         [sys.executable, __file__, "--child", "fixed" if fixed else "plain",
          "--model", str(model), "--out", str(out)],

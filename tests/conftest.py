@@ -10,16 +10,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-# vLLM's CPU build: small KV cache, spawned workers, one OpenMP core per TP rank, no hub.
-for _key, _value in {
-    "VLLM_CPU_KVCACHE_SPACE": "1",
-    "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
-    "VLLM_CPU_OMP_THREADS_BIND": "0|1",
-    "TOKENIZERS_PARALLELISM": "false",
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-}.items():
-    os.environ.setdefault(_key, _value)
+import cpu_env
+
+cpu_env.set_defaults()
 
 
 def _skip_if_contract_only() -> None:
