@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from speccompat import teardown
+
 
 def _installed(module: str) -> bool:
     import importlib.util
@@ -131,41 +133,11 @@ def speculators_generator(
         yield generator
     finally:
         if generator is not None and hasattr(generator, "executor"):
-            executor = getattr(generator.executor, "unwrapped", generator.executor)
-            contexts = _queue_contexts(executor)
-            executor.shutdown()
-            _close_zmq(contexts)
-            del generator.executor, executor
+            teardown.shut_down(getattr(generator.executor, "unwrapped", generator.executor))
+            del generator.executor
         del generator
         gc.collect()
         speccompat.revert()
-
-
-def _queue_contexts(executor: Any) -> list[Any]:
-    """The zmq contexts behind an executor's message queues (sockets one level down)."""
-    import zmq
-
-    queues = [getattr(executor, "rpc_broadcast_mq", None),
-              *(getattr(executor, "response_mqs", None) or [])]
-    contexts = []
-    for queue in filter(None, queues):
-        for value in vars(queue).values():
-            for obj in [value, *getattr(value, "__dict__", {}).values()]:
-                if isinstance(obj, zmq.Socket) and obj.context not in contexts:
-                    contexts.append(obj.context)
-    return contexts
-
-
-def _close_zmq(contexts: list[Any]) -> None:
-    """Destroy an executor's message-queue contexts without lingering.
-
-    After a worker failed, vLLM 0.22's executor shutdown leaves these contexts open with
-    a message pending for the dead worker; terminating one at garbage collection blocks
-    forever (seen in these tests). Linger 0 drops the message.
-    """
-    for context in contexts:
-        if not context.closed:
-            context.destroy(linger=0)
 
 
 @contextlib.contextmanager

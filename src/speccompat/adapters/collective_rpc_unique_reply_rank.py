@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import guards
+from .. import guards, teardown
 from ..errors import WorkerFailedError
 from ..patching import Patcher
 from ..registry import Adapter, Side
@@ -31,8 +31,9 @@ class ListReplyExecutor(Proxy):
     """The executor as speculators 0.3.0 expects it: a unique reply comes as ``[result]``.
 
     A worker failure becomes one ``WorkerFailedError``; the batch it interrupted is
-    lost, and so is the executor: every later call raises too, rather than return
-    states mixed with the interrupted batch's.
+    lost, and so is the executor: it is shut down at once (``teardown``: left to garbage
+    collection, vLLM 0.22's hangs the caller), and every later call raises too, rather
+    than return states mixed with the interrupted batch's.
     """
 
     def __init__(self, executor: Any) -> None:
@@ -50,6 +51,7 @@ class ListReplyExecutor(Proxy):
             return call()
         except RuntimeError as exc:
             object.__setattr__(self, "_failure", str(exc))
+            teardown.shut_down(self.unwrapped)
             raise WorkerFailedError(
                 f"a vLLM worker failed during {what}: {exc}. No result of the batch was "
                 "returned, and this generator cannot be used again: build a new one") from exc
