@@ -94,7 +94,82 @@ def time_guards() -> None:
         setattr(guards.CaptureExpectation, name, timed(getattr(guards.CaptureExpectation, name)))
 
 
-def run_speculators(model: str, prompts: list[list[int]], batch: int) -> float:
+PHASES: dict[str, float] = {}
+
+
+def time_phases(generator: Any) -> None:
+    """Accumulate wall time per step of ``generate()``: the executor calls (on the real
+    executor, under speccompat's views), the scheduler, and the rest (the driver's
+    slicing and copying). Each executor call returns only when the workers are done."""
+    import functools
+
+    def timed(owner: Any, name: str, phase: Any) -> None:
+        method = getattr(owner, name)
+
+        @functools.wraps(method)
+        def call(*a: Any, **k: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return method(*a, **k)
+            finally:
+                key = phase(a, k)
+                PHASES[key] = PHASES.get(key, 0.0) + time.perf_counter() - start
+        object.__setattr__(owner, name, call)
+
+    executor = generator.executor.unwrapped
+    timed(executor, "execute_model", lambda a, k: "execute_model (forward + capture hooks)")
+    if hasattr(executor, "sample_tokens"):
+        timed(executor, "sample_tokens", lambda a, k: "sample_tokens")
+    timed(executor, "collective_rpc", lambda a, k: f"rpc {a[0] if a else k.get('method')}")
+    timed(generator.scheduler, "schedule", lambda a, k: "scheduler.schedule")
+    timed(generator.scheduler, "finish_requests", lambda a, k: "scheduler.finish_requests")
+    timed(generator, "generate", lambda a, k: "generate (total)")
+
+
+def transfer_costs(rows: int, hidden: int, layers: int) -> dict[str, float]:
+    """Seconds to move one batch of captured states (``layers`` x [rows, hidden] bf16)
+    to the driver, by route: what the capture adapter does (fresh /dev/shm file), and
+    the alternatives (pageable ``.cpu()``, a pinned buffer, a reused mapping)."""
+    import pickle
+
+    import torch
+
+    from speccompat import shm
+
+    states = [torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16)
+              for _ in range(layers)]
+    torch.cuda.synchronize()
+    out: dict[str, float] = {}
+
+    def clock(name: str, fn: Any) -> Any:
+        start = time.perf_counter()
+        value = fn()
+        torch.cuda.synchronize()
+        out[name] = time.perf_counter() - start
+        return value
+
+    clock("cuda cat of 4 layers (per_request + per layer)",
+          lambda: [torch.cat([s[: rows // 2], s[rows // 2:]]) for s in states])
+    shared = clock("D2H into a fresh /dev/shm file (shm.to_host)", lambda: shm.to_host(states))
+    attached = clock("driver: attach the file (unpickle, map)",
+                     lambda: pickle.loads(pickle.dumps(shared)))
+    clock("driver: .clone() of the mapped rows (speculators)",
+          lambda: [t.clone() for t in attached])
+    clock("D2H pageable .cpu()", lambda: [s.cpu() for s in states])
+    pinned = [torch.empty(rows, hidden, dtype=torch.bfloat16, pin_memory=True)
+              for _ in range(layers)]
+    clock("D2H into pinned buffers (allocated beforehand)",
+          lambda: [p.copy_(s, non_blocking=True) for p, s in zip(pinned, states, strict=True)])
+    reused = [torch.empty(rows, hidden, dtype=torch.bfloat16) for _ in range(layers)]
+    for r in reused:
+        r.fill_(0)  # pages touched once: a reused, already-faulted buffer
+    clock("D2H into pageable buffers already touched",
+          lambda: [r.copy_(s) for r, s in zip(reused, states, strict=True)])
+    return out
+
+
+def run_speculators(model: str, prompts: list[list[int]], batch: int,
+                    profile: bool = False) -> float:
     import speccompat
 
     time_guards()
@@ -108,6 +183,8 @@ def run_speculators(model: str, prompts: list[list[int]], batch: int) -> float:
                                           max_model_len=MAX_MODEL_LEN,
                                           gpu_memory_utilization=0.8)
     generator.generate(prompts[:batch])
+    if profile:
+        time_phases(generator)
     GUARD_SECONDS[0] = 0.0
     start = time.perf_counter()
     for at in range(0, len(prompts), batch):
@@ -115,6 +192,11 @@ def run_speculators(model: str, prompts: list[list[int]], batch: int) -> float:
         assert all(len(r["hidden_states"]) == len(LAYER_IDS) for r in results)
     seconds = time.perf_counter() - start
     generator.executor.shutdown()
+    if profile:
+        rows = sum(len(p) for p in prompts[:batch])
+        PHASES.update({f"transfer, one batch of {rows} rows: {k}": v for k, v in
+                       transfer_costs(rows, int(LLAMA_31_8B["hidden_size"]),
+                                      len(LAYER_IDS)).items()})
     return seconds
 
 
@@ -141,20 +223,23 @@ def run_hf(model: str, prompts: list[list[int]]) -> float:
     return time.perf_counter() - start
 
 
-def child(kind: str, model: str, prompts_file: str, batch: int) -> None:
+def child(kind: str, model: str, prompts_file: str, batch: int, profile: bool) -> None:
     prompts = json.loads(Path(prompts_file).read_text())
     runner = {"vllm": lambda: run_vllm(model, prompts),
-              "speculators": lambda: run_speculators(model, prompts, batch),
+              "speculators": lambda: run_speculators(model, prompts, batch, profile),
               "hf": lambda: run_hf(model, prompts)}[kind]
     seconds = runner()
     print("RESULT " + json.dumps({"kind": kind, "seconds": seconds,
-                                  "guard_seconds": GUARD_SECONDS[0]}), flush=True)
+                                  "guard_seconds": GUARD_SECONDS[0], "phases": PHASES}),
+          flush=True)
 
 
-def measure(kind: str, model: Path, prompts_file: Path, batch: int) -> dict[str, float] | None:
+def measure(kind: str, model: Path, prompts_file: Path, batch: int,
+            profile: bool = False) -> dict[str, Any] | None:
     env = {**os.environ, "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
     proc = subprocess.run([sys.executable, __file__, "--child", kind, "--model", str(model),
-                           "--prompts-file", str(prompts_file), "--batch", str(batch)],
+                           "--prompts-file", str(prompts_file), "--batch", str(batch),
+                           *(["--profile"] if profile else [])],
                           env=env, capture_output=True, text=True)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -171,12 +256,14 @@ def main() -> int:
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/speccompat-bench"))
     parser.add_argument("--only", nargs="*", default=["vllm", "speculators", "hf"])
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--profile", action="store_true",
+                        help="(b): time per step of generate(), and the transfer routes")
     parser.add_argument("--child")
     parser.add_argument("--model")
     parser.add_argument("--prompts-file")
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.model, args.prompts_file, args.batch)
+        child(args.child, args.model, args.prompts_file, args.batch, args.profile)
         return 0
 
     import torch
@@ -191,7 +278,7 @@ def main() -> int:
     prompts_file.write_text(json.dumps(prompts))
     rates: dict[str, float | None] = {}
     for kind in args.only:
-        result = measure(kind, model, prompts_file, args.batch)
+        result = measure(kind, model, prompts_file, args.batch, args.profile)
         seconds = result["seconds"] if result else None
         rates[kind] = tokens / seconds if seconds else None
         print(f"{kind:<12} {seconds or float('nan'):8.2f} s  "
@@ -200,6 +287,8 @@ def main() -> int:
             share = 100 * result["guard_seconds"] / seconds
             print(f"guards: {result['guard_seconds'] * 1e3:.1f} ms, {share:.3f}% of (b)'s "
                   "extraction time (target <= 1%)", flush=True)
+            for phase, spent in sorted(result["phases"].items()):
+                print(f"  {spent:8.3f} s  {phase}", flush=True)
     a, b, c = rates.get("vllm"), rates.get("speculators"), rates.get("hf")
     print(f"\n{len(prompts)} prompts, {tokens} tokens, {torch.cuda.get_device_name()}")
     print(f"(a) vLLM prefill              {a or 0:10.0f} tokens/s")
