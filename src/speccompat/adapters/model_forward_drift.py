@@ -77,7 +77,8 @@ def _get_captured_states_by_request(self: Any) -> dict[str, list[Any]] | None:
     states = None if capture is None else capture.per_request()
     if states is None:
         return None
-    return {rid: shm.to_host(layers) for rid, layers in states.items()}
+    # One file per request, each unlinked by its reader: a reused slot is one list per call.
+    return {rid: shm.to_host(layers, reuse=False) for rid, layers in states.items()}
 
 
 def _set_request_metadata(self: Any, request_metadata: dict[str, int]) -> None:
