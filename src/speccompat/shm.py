@@ -121,7 +121,11 @@ class _Slot:
         import torch
 
         address = torch.frombuffer(self.mapping, dtype=torch.uint8).data_ptr()
-        if int(torch.cuda.cudart().cudaHostRegister(address, self.size, 0)) == 0:
+        try:
+            status = int(torch.cuda.cudart().cudaHostRegister(address, self.size, 0))
+        except (AttributeError, RuntimeError):  # a torch without the binding
+            return
+        if status == 0:
             self.pinned_at = address
 
     def handed(self) -> None:
