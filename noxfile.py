@@ -473,8 +473,9 @@ def upstream_latest(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """bench/apply_time.py in the (0.16.0, 0.3.0) venv (speccompat applied by the script),
     then bench/extract_ratio.py comparing it with a (0.16.0, 0.4.0) venv where speccompat
-    is installed but never applied."""
-    for script in ("bench/apply_time.py", "bench/extract_ratio.py"):
+    is installed but never applied; then bench/shm_transfer.py (the host side of the
+    worker-to-driver transfer, fresh file against reused slot)."""
+    for script in ("bench/apply_time.py", "bench/extract_ratio.py", "bench/shm_transfer.py"):
         if not (ROOT / script).is_file():
             session.error(f"{script} is missing")
     speccompat_cell = find_cell("0.16.0", "0.3.0")
@@ -490,3 +491,4 @@ def bench(session: nox.Session) -> None:
     session.run("python", "bench/extract_ratio.py",
                 "--speccompat-python", session_python(session),
                 "--native-python", native_python, env=cell_env(speccompat_cell))
+    session.run("python", "bench/shm_transfer.py", env=cell_env(speccompat_cell))
