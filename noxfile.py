@@ -332,6 +332,9 @@ def cell(session: nox.Session, vllm: str, speculators: str) -> None:
         install = compatibility.FAILED
         reason = f"install failed: {exc or 'uv pip install exited non-zero'}"
         stages = {s: compatibility.not_run(reason) for s in compatibility.STAGES}
+    if install == compatibility.PASSED and session.run(python, "-c", "", silent=True,
+                                                       external=True) is None:
+        return  # nox --install-only: the venv is ready, nothing ran, no record
     if install == compatibility.PASSED:
         stem = f"{vllm}-{speculators}"
         stages["contract"] = run_stage(session, "tests/contract", the_cell,
