@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 from speculators.data_generation.custom_worker import HiddenStatesWorkerExtension
@@ -32,22 +30,4 @@ class FailingExtension(HiddenStatesWorkerExtension):  # type: ignore[misc]
     def _reset_capture(self) -> None:
         super()._reset_capture()
         self._forwards = 0
-
-
-@contextlib.contextmanager
-def in_generator() -> Iterator[None]:
-    """The generator hard-codes speculators' extension; swap in ``FailingExtension``."""
-    from speculators.data_generation import vllm_hidden_states_generator as module
-
-    original = module.ParallelConfig
-
-    def parallel_config(*args: Any, **kwargs: Any) -> Any:
-        kwargs["worker_extension_cls"] = "failing_worker.FailingExtension"
-        return original(*args, **kwargs)
-
-    module.ParallelConfig = parallel_config
-    try:
-        yield
-    finally:
-        module.ParallelConfig = original
 

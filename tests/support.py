@@ -165,18 +165,26 @@ def _test_kernels(module: Any) -> Iterator[None]:
         kernel_config = getattr(vllm.config, "KernelConfig", None)
         if kernel_config is not None and "moe_backend" in kernel_config.__dataclass_fields__:
             extra["kernel_config"] = kernel_config(moe_backend="triton")
-    original = module.VllmConfig
+    with constructor_kwargs(module, "VllmConfig", extra, override=False):
+        yield
 
-    def config(*args: Any, **kwargs: Any) -> Any:
-        for key, value in extra.items():
-            kwargs.setdefault(key, value)
+
+@contextlib.contextmanager
+def constructor_kwargs(module: Any, name: str, values: dict[str, Any], *,
+                       override: bool) -> Iterator[None]:
+    """``module.<name>(...)`` gets ``values`` among its keyword arguments (replacing the
+    caller's where ``override``): the generator builds its configs itself."""
+    original = getattr(module, name)
+
+    def build(*args: Any, **kwargs: Any) -> Any:
+        kwargs = {**kwargs, **values} if override else {**values, **kwargs}
         return original(*args, **kwargs)
 
-    module.VllmConfig = config
+    setattr(module, name, build)
     try:
         yield
     finally:
-        module.VllmConfig = original
+        setattr(module, name, original)
 
 
 @contextlib.contextmanager

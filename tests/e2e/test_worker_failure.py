@@ -12,6 +12,7 @@ import speccompat
 from speccompat import teardown
 from speccompat.adapters.collective_rpc_unique_reply_rank import ID as LIST_REPLY
 from support import (
+    constructor_kwargs,
     needs_adapter,
     requires_speculators,
     requires_vllm,
@@ -24,9 +25,12 @@ pytestmark = [requires_vllm, requires_speculators]
 
 @pytest.fixture
 def failing_extension() -> Iterator[None]:
-    import failing_worker
+    """The generator hard-codes speculators' extension; swap in the failing subclass."""
+    from speculators.data_generation import vllm_hidden_states_generator as module
 
-    with failing_worker.in_generator():
+    with constructor_kwargs(module, "ParallelConfig",
+                            {"worker_extension_cls": "failing_worker.FailingExtension"},
+                            override=True):
         yield
 
 
