@@ -98,6 +98,44 @@ def chunked_prefill_on(scheduler_config: Any) -> bool:
     return bool(scheduler_config.enable_chunked_prefill)
 
 
+FRESH_PROCESS_ENV = "SPECCOMPAT_FRESH_PROCESS"
+
+
+def in_fresh_process(request: pytest.FixtureRequest) -> bool:
+    """For a test that needs a process of its own: True in that process; elsewhere runs
+    the test there (pytest on its node id), passes its skip or failure on, and returns
+    False (the caller returns too)."""
+    import re
+    import subprocess
+    import sys
+
+    node = request.node.nodeid
+    if os.environ.get(FRESH_PROCESS_ENV) == node:
+        return True
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", node, "-p", "no:cacheprovider", "-q", "-rs"],
+        cwd=request.config.rootpath, env={**os.environ, FRESH_PROCESS_ENV: node},
+        capture_output=True, text=True, timeout=1200)
+    output = run.stdout + run.stderr
+    skipped = re.search(r"^SKIPPED \[\d+\] [^:]+:\d+: (.*)$", output, re.M)
+    if run.returncode == 0 and skipped:
+        pytest.skip(skipped.group(1))
+    assert run.returncode == 0 and " passed" in output, output[-5000:]
+    return False
+
+
+def source_text(module: str, qualname: str) -> str:
+    """``module``'s definition of ``qualname``, read from its file, not imported. Importing
+    Kimi-K2.5's module imports numba, and after that vLLM 0.32's CPU worker cannot start
+    in the same process (its kernel-override scan trips over llvmlite's library proxy):
+    later contract tests start one."""
+    from speccompat.targets import source_def
+
+    found = source_def(module, qualname)
+    assert found is not None, f"{module} defines no {qualname}"
+    return found.text
+
+
 def gpu_count() -> int:
     """Visible CUDA devices, without initialising CUDA in this process (NVML)."""
     if not _installed("torch"):

@@ -82,6 +82,8 @@ def source_def(module: str, qualname: str) -> SourceDef | None:
         if found is None:
             return None
         start = found.end()
+        if source.startswith("(", start):  # bases, perhaps over several lines
+            start = _closing_paren(source, start) + 1
         block_end = re.compile(rf"^{indent}\S", re.M).search(source, start)
         end = block_end.start() if block_end else len(source)
         indent += "    "

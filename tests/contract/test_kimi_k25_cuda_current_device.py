@@ -3,7 +3,6 @@ the adapter the tiny Kimi loads on the CPU build and its extraction matches HF."
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ from support import (
     only,
     requires_speculators,
     requires_vllm,
+    source_text,
     speculators_generator,
     vllm_in,
     worker_call,
@@ -34,16 +34,12 @@ def cpu_only() -> None:
 
 @vllm_in(">=0.15.0,<0.16.0", "0.16.0 asks current_platform.current_device()")
 def test_raw_kimi_init_asks_torch_cuda() -> None:
-    from vllm.model_executor.models.kimi_k25 import KimiK25ForConditionalGeneration
-
-    assert RAW_LINE in inspect.getsource(KimiK25ForConditionalGeneration.__init__)
+    assert RAW_LINE in source_text(KIMI_K25, "KimiK25ForConditionalGeneration.__init__")
 
 
 @vllm_in(">=0.16.0", "KimiK25ForConditionalGeneration is new in 0.15.0 and asks torch.cuda there")
 def test_raw_kimi_init_asks_the_platform_from_0_16() -> None:
-    from vllm.model_executor.models.kimi_k25 import KimiK25ForConditionalGeneration
-
-    source = inspect.getsource(KimiK25ForConditionalGeneration.__init__)
+    source = source_text(KIMI_K25, "KimiK25ForConditionalGeneration.__init__")
     assert "current_platform.current_device()" in source and "torch.cuda" not in source
 
 

@@ -14,6 +14,7 @@ from support import (
     needs_adapter,
     requires_speculators,
     requires_vllm,
+    source_text,
     speculators_generator,
     vllm_in,
     worker_call,
@@ -22,6 +23,7 @@ from support import (
 pytestmark = [requires_vllm, requires_speculators]
 LAYER_IDS = [0, 2, 3]
 ATTN = "language_model.layers.0.self_attn"
+KIMI_K25 = "vllm.model_executor.models.kimi_k25"
 CKPT = "language_model.model.layers.0.self_attn"
 
 
@@ -31,9 +33,8 @@ def test_raw_kimi_loader_always_stacks_q_a_proj() -> None:
         DeepseekV2Attention,
         DeepseekV2MLAAttention,
     )
-    from vllm.model_executor.models.kimi_k25 import KimiK25ForConditionalGeneration
 
-    loader = inspect.getsource(KimiK25ForConditionalGeneration.load_weights)
+    loader = source_text(KIMI_K25, "KimiK25ForConditionalGeneration.load_weights")
     # No fallback when the fused parameter is missing (DeepSeek's loader has one).
     assert RAW_MAPPING in loader and "name_mapped not in params_dict" not in loader
     # Only the MLA attention has the fused parameter; the one VLLM_MLA_DISABLE=1 picks has not.
@@ -45,10 +46,9 @@ def test_raw_kimi_loader_always_stacks_q_a_proj() -> None:
 @vllm_in(">=0.16.0", "Kimi's own loader (0.15.x) stacks q_a_proj unconditionally")
 def test_raw_deepseek_loader_falls_back_to_unfused_from_0_16() -> None:
     import vllm.model_executor.models.deepseek_v2 as deepseek_v2
-    from vllm.model_executor.models.kimi_k25 import KimiK25ForConditionalGeneration
 
-    assert "AutoWeightsLoader(self)" in inspect.getsource(
-        KimiK25ForConditionalGeneration.load_weights)
+    loader = source_text(KIMI_K25, "KimiK25ForConditionalGeneration.load_weights")
+    assert "AutoWeightsLoader(self)" in loader
     assert "name_mapped not in params_dict" in inspect.getsource(deepseek_v2)
 
 

@@ -14,6 +14,7 @@ import pytest
 import speccompat
 from speccompat.adapters.model_forward_drift import ID
 from support import (
+    in_fresh_process,
     needs_adapter,
     requires_speculators,
     requires_vllm,
@@ -150,7 +151,13 @@ def _generate(llm: Any, prompt: list[int]) -> None:
 
 @needs_adapter(ID, IN_0_4)
 @vllm_in(">=0.12.0", "DeepSeek layers take llama_4_scaling from vLLM 0.12.0")
-def test_capture_keeps_vllms_llama_4_scaling(engine: Any) -> None:
+def test_capture_keeps_vllms_llama_4_scaling(request: pytest.FixtureRequest) -> None:
+    """In a process of its own: vLLM 0.32's CPU worker cannot start in-process once the
+    process imported numba (its kernel-override scan trips over llvmlite's library
+    proxy), and the tests before this one import it."""
+    if not in_fresh_process(request):
+        return
+    engine = request.getfixturevalue("engine")
     import torch
     from vllm.model_executor.models.deepseek_v2 import _get_llama_4_scaling
 

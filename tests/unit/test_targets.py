@@ -350,6 +350,17 @@ class Executor:
 
 def plan(vllm_config, groups: dict[str, int] = {"a": 1}, memory=0):
     return None
+
+
+@register(
+    "kimi",
+)
+class WithBases(
+    Executor,
+    metaclass=type,
+):
+    def __init__(self, vllm_config) -> None:
+        self.device = "cpu"
 '''
 
 
@@ -367,6 +378,8 @@ def test_source_def_reads_signatures_and_bodies(module_dir: Path) -> None:
     plan = source_def("fake_sourcedefs", "plan")
     assert plan is not None and plan.params == {"vllm_config": False, "groups": True,
                                                  "memory": True}
+    bases = source_def("fake_sourcedefs", "WithBases.__init__")  # bases over several lines
+    assert bases is not None and 'self.device = "cpu"' in bases.text
     assert source_def("fake_sourcedefs", "Executor.missing") is None
     assert source_def("fake_sourcedefs", "Missing.plan") is None
     assert source_def("no_such_module_here", "plan") is None
