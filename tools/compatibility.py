@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Mapping, Sequence
@@ -253,8 +254,12 @@ def _cell_row(cell: CellLike, record: Mapping[str, Any] | None) -> str:
             vllm = f"{cell.vllm} ({wheel})"
     torch = installed.get("torch") or ""
     transformers = installed.get("transformers") or ""
-    sha, _, dirty = str(record.get("speccompat_commit") or "").partition("+")
-    commit = sha[:12] + (f"+{dirty}" if dirty else "")
+    commit = str(record.get("speccompat_commit") or "")
+    sha, _, dirty = commit.partition("+")
+    if re.fullmatch(r"[0-9a-f]{7,40}", sha):
+        commit = sha[:12] + (f"+{dirty}" if dirty else "")
+    else:  # a note written by hand, e.g. stages run at different commits
+        commit = _short(commit)
     return _row(vllm, contract, e2e, date, torch, transformers, commit, note)
 
 
