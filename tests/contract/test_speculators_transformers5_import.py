@@ -14,7 +14,7 @@ from speccompat import registry
 from speccompat.adapters.speculators_transformers5_import import ADAPTER, ID
 from speccompat.patching import patched_by
 from speccompat.targets import module_source
-from support import only, requires_speculators, requires_vllm
+from support import import_fixes, only, requires_speculators, requires_vllm
 
 pytestmark = [requires_vllm, requires_speculators]
 MASK_ID = "transformers.modeling_attn_mask_utils_removed"  # transformers >= 5.24
@@ -133,8 +133,11 @@ def test_import_fails_without_it() -> None:
 
 @pytest.mark.usefixtures("transformers5")
 def test_vllm_workers_get_it_before_the_worker_extension() -> None:
-    # vLLM's worker loads the general plugins, then imports the extension class.
-    result = _import("plugin", SPECCOMPAT_ACTIVE=json.dumps([ID, MASK_ID]))
+    # vLLM's worker loads the general plugins, then imports the extension class; the
+    # parent hands down every adapter speculators needs to import here (on vLLM 0.33.0
+    # the moved KV-cache helpers too).
+    result = _import("plugin", SPECCOMPAT_ACTIVE=json.dumps(sorted({ID, MASK_ID,
+                                                                    *import_fixes()})))
     assert result["error"] is None and ID in result["active"], result
 
 

@@ -5,7 +5,9 @@ to ``vllm.v1.core.kv_cache_planning``; speculators 0.3.0 and 0.4.0 import
 raises ImportError.
 
 The old module gets the moved names back as aliases of the new ones (the same
-objects); vLLM's own code keeps importing them from their new home.
+objects); vLLM's own code keeps importing them from their new home. Workers need
+them as well: ``speculators.data_generation``'s ``__init__`` imports the generator,
+so a worker importing the extension class imports the generator first.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ ADAPTER = Adapter(
     upstream=f"vLLM 0.33.0: {', '.join(MOVED)} moved to {NEW}",
     vllm=spec(">=0.33.0"),
     speculators=spec(">=0.3,<0.5"),
-    side=Side.DRIVER,
+    side=Side.BOTH,
     probe=_probe,
     patch=_patch,
     remove_when="speculators 0.3.0 and 0.4.0 are no longer supported",
