@@ -54,8 +54,8 @@ def test_raw_prefix_caching_is_on_and_needs_a_block_hasher(
         scheduler.schedule()
 
 
-@vllm_in("<0.11.1", "checked on vLLM 0.11.0, whose CacheConfig has "
-         "enable_prefix_caching=None; 0.12.0 defaults it to True")
+@vllm_in("<0.12.0", "0.11.0 to 0.11.2 have enable_prefix_caching=None (seen in the 0.11.0 "
+         "and 0.11.1 cells, and 0.11.2's source); 0.12.0 defaults it to True")
 def test_raw_hand_built_cache_config_has_prefix_caching_off(
     vllm_config: Any, kv_cache_config: Any
 ) -> None:

@@ -27,7 +27,7 @@ def _probe() -> str | None:
     default = _DEFAULT.search(module_source("vllm.config.cache") or "")
     if default is None:
         return "CacheConfig declares no enable_prefix_caching default"
-    if default.group(1) == "False":
+    if default.group(1) in ("False", "None"):  # None (0.11.x): a hand-built config stays off
         return "CacheConfig() has prefix caching off by default"
     return None
 
@@ -41,9 +41,9 @@ ADAPTER = Adapter(
     id=ID,
     summary="the generator's CacheConfig has prefix caching off, so every token is computed",
     upstream="vLLM V1 engine: CacheConfig.enable_prefix_caching defaults to True (0.12.0; "
-    "None in 0.11.x, where a hand-built 0.11.0 config stays off); requests need "
+    "None in 0.11.0-0.11.2, where a hand-built config stays off); requests need "
     "Request(block_hasher=...) when it is on",
-    vllm=spec(">=0.11.1"),
+    vllm=spec(">=0.12.0"),
     speculators=spec("==0.3.*"),
     side=Side.DRIVER,
     probe=_probe,
