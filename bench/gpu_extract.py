@@ -7,9 +7,11 @@ A random-weight bf16 model with Llama-3.1-8B's shapes is built locally from a co
   (a) vLLM ``LLM.generate`` with ``max_tokens=1``: prefill, no capture;
   (b) speculators 0.3.0's VllmHiddenStatesGenerator after ``speccompat.apply()``,
       4 layers captured and returned on the CPU;
-  (c) HF transformers ``output_hidden_states=True``, one prompt at a time.
+  (c) HF transformers ``output_hidden_states=True``, one prompt at a time (one GPU).
 
-    python bench/gpu_extract.py [--prompts 512] [--workdir /tmp/bench] [--json out.json]
+``--tp 2`` runs (a) and (b) with tensor parallelism over two GPUs; (c) stays on one.
+
+    python bench/gpu_extract.py [--prompts 512] [--tp 1] [--workdir /tmp/bench] [--json out.json]
 """
 
 from __future__ import annotations
@@ -61,11 +63,11 @@ def make_prompts(count: int, seed: int = 0) -> list[list[int]]:
             for _ in range(count)]
 
 
-def run_vllm(model: str, prompts: list[list[int]]) -> float:
+def run_vllm(model: str, prompts: list[list[int]], tp: int) -> float:
     from vllm import LLM, SamplingParams
 
     llm = LLM(model=model, max_model_len=MAX_MODEL_LEN, enable_prefix_caching=False,
-              gpu_memory_utilization=0.8)
+              gpu_memory_utilization=0.8, tensor_parallel_size=tp)
     params = SamplingParams(max_tokens=1, temperature=0.0)
     as_inputs = [{"prompt_token_ids": p} for p in prompts]
     llm.generate(as_inputs[:16], params, use_tqdm=False)
@@ -150,7 +152,12 @@ def transfer_costs(rows: int, hidden: int, layers: int) -> dict[str, float]:
 
     clock("cuda cat of 4 layers (per_request + per layer)",
           lambda: [torch.cat([s[: rows // 2], s[rows // 2:]]) for s in states])
-    shared = clock("D2H into a fresh /dev/shm file (shm.to_host)", lambda: shm.to_host(states))
+    shared = clock("D2H into a fresh /dev/shm file (shm.to_host, reuse=False)",
+                   lambda: shm.to_host(states, reuse=False))
+    clock("D2H into the reusable slot, first use (map, pin, copy)",
+          lambda: shm.to_host(states, reuse=True))
+    clock("D2H into the reusable slot, reused (what the capture adapter does)",
+          lambda: shm.to_host(states, reuse=True))
     attached = clock("driver: attach the file (unpickle, map)",
                      lambda: pickle.loads(pickle.dumps(shared)))
     clock("driver: .clone() of the mapped rows (speculators)",
@@ -168,7 +175,7 @@ def transfer_costs(rows: int, hidden: int, layers: int) -> dict[str, float]:
     return out
 
 
-def run_speculators(model: str, prompts: list[list[int]], batch: int,
+def run_speculators(model: str, prompts: list[list[int]], batch: int, tp: int,
                     profile: bool = False) -> float:
     import speccompat
 
@@ -181,7 +188,8 @@ def run_speculators(model: str, prompts: list[list[int]], batch: int,
 
     generator = VllmHiddenStatesGenerator(model, layer_ids=LAYER_IDS,
                                           max_model_len=MAX_MODEL_LEN,
-                                          gpu_memory_utilization=0.8)
+                                          gpu_memory_utilization=0.8,
+                                          tensor_parallel_size=tp)
     generator.generate(prompts[:batch])
     if profile:
         time_phases(generator)
@@ -223,10 +231,11 @@ def run_hf(model: str, prompts: list[list[int]]) -> float:
     return time.perf_counter() - start
 
 
-def child(kind: str, model: str, prompts_file: str, batch: int, profile: bool) -> None:
+def child(kind: str, model: str, prompts_file: str, batch: int, tp: int,
+          profile: bool) -> None:
     prompts = json.loads(Path(prompts_file).read_text())
-    runner = {"vllm": lambda: run_vllm(model, prompts),
-              "speculators": lambda: run_speculators(model, prompts, batch, profile),
+    runner = {"vllm": lambda: run_vllm(model, prompts, tp),
+              "speculators": lambda: run_speculators(model, prompts, batch, tp, profile),
               "hf": lambda: run_hf(model, prompts)}[kind]
     seconds = runner()
     print("RESULT " + json.dumps({"kind": kind, "seconds": seconds,
@@ -234,11 +243,12 @@ def child(kind: str, model: str, prompts_file: str, batch: int, profile: bool) -
           flush=True)
 
 
-def measure(kind: str, model: Path, prompts_file: Path, batch: int,
+def measure(kind: str, model: Path, prompts_file: Path, batch: int, tp: int,
             profile: bool = False) -> dict[str, Any] | None:
     env = {**os.environ, "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
     proc = subprocess.run([sys.executable, __file__, "--child", kind, "--model", str(model),
                            "--prompts-file", str(prompts_file), "--batch", str(batch),
+                           "--tp", str(tp),
                            *(["--profile"] if profile else [])],
                           env=env, capture_output=True, text=True)
     for line in proc.stdout.splitlines():
@@ -253,6 +263,7 @@ def main() -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=512)
     parser.add_argument("--batch", type=int, default=32, help="prompts per generate() call")
+    parser.add_argument("--tp", type=int, default=1, help="tensor parallel size of (a), (b)")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/speccompat-bench"))
     parser.add_argument("--only", nargs="*", default=["vllm", "speculators", "hf"])
     parser.add_argument("--json", type=Path)
@@ -263,7 +274,7 @@ def main() -> int:
     parser.add_argument("--prompts-file")
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.model, args.prompts_file, args.batch, args.profile)
+        child(args.child, args.model, args.prompts_file, args.batch, args.tp, args.profile)
         return 0
 
     import torch
@@ -278,7 +289,7 @@ def main() -> int:
     prompts_file.write_text(json.dumps(prompts))
     rates: dict[str, float | None] = {}
     for kind in args.only:
-        result = measure(kind, model, prompts_file, args.batch, args.profile)
+        result = measure(kind, model, prompts_file, args.batch, args.tp, args.profile)
         seconds = result["seconds"] if result else None
         rates[kind] = tokens / seconds if seconds else None
         print(f"{kind:<12} {seconds or float('nan'):8.2f} s  "
@@ -290,7 +301,8 @@ def main() -> int:
             for phase, spent in sorted(result["phases"].items()):
                 print(f"  {spent:8.3f} s  {phase}", flush=True)
     a, b, c = rates.get("vllm"), rates.get("speculators"), rates.get("hf")
-    print(f"\n{len(prompts)} prompts, {tokens} tokens, {torch.cuda.get_device_name()}")
+    print(f"\n{len(prompts)} prompts, {tokens} tokens, {torch.cuda.get_device_name()}, "
+          f"TP={args.tp} for (a) and (b)")
     print(f"(a) vLLM prefill              {a or 0:10.0f} tokens/s")
     print(f"(b) speculators + speccompat  {b or 0:10.0f} tokens/s   target >= 27000")
     print(f"(c) HF output_hidden_states   {c or 0:10.0f} tokens/s")
@@ -300,7 +312,7 @@ def main() -> int:
         print(f"(b)/(c) = {b / c:.2f}    target >= 5")
     if args.json:
         args.json.write_text(json.dumps({"prompts": len(prompts), "tokens": tokens,
-                                         "tokens_per_s": rates,
+                                         "tokens_per_s": rates, "tp": args.tp,
                                          "gpu": torch.cuda.get_device_name()}, indent=2))
     return 0
 
