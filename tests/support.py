@@ -120,7 +120,9 @@ def in_fresh_process(request: pytest.FixtureRequest) -> bool:
     skipped = re.search(r"^SKIPPED \[\d+\] [^:]+:\d+: (.*)$", output, re.M)
     if run.returncode == 0 and skipped:
         pytest.skip(skipped.group(1))
-    assert run.returncode == 0 and " passed" in output, output[-5000:]
+    failures = output.find("= FAILURES =")  # the traceback, not the log lines after it
+    assert run.returncode == 0 and " passed" in output, (
+        output[failures:failures + 6000] if failures >= 0 else output[-6000:])
     return False
 
 

@@ -150,6 +150,16 @@ def test_deepseek_v3_matches_hf(tiny_deepseek: Path, tp: int) -> None:
         # IPEX too (MoE layer 2 18% off); later builds run vLLM's own kernels.
         pytest.skip("the CPU build's IPEX MoE kernel routes DeepSeek V3's noaux_tc experts "
                     "unlike HF; the capture is checked on Llama here")
+    if env.vllm is not None and Version("0.12.0") <= env.vllm.version < Version("0.15.0"):
+        # Measured on vLLM 0.13.0's CPU build: vLLM's own forward (in-process LLM, forward
+        # hooks on the decoder layers, neither speccompat nor speculators loaded) is as far
+        # from HF as the capture: dense layer 0 mean 0.960 on a 5-token prompt, token 0
+        # right and every later one wrong, with the native rotary op and with either CPU
+        # attention backend. The same test passes on 0.11.x (dense layer) and 0.15.0 on.
+        # That the capture equals vLLM's own forward is checked for DeepSeek by
+        # tests/contract/test_model_forward_drift.py::test_capture_keeps_vllms_llama_4_scaling.
+        pytest.skip("vLLM's own DeepSeek V3 forward without MLA on this CPU build differs "
+                    "from HF after the first token; the capture matches vLLM's own forward")
 
     layer_ids = [0, 2, 3]  # a dense layer and MoE layers
     prompts = _prompts(LENGTHS)
