@@ -102,10 +102,12 @@ def engine(tiny_deepseek_llama4_scaling: Path) -> Iterator[Any]:
     fixes = import_fixes()  # the worker extension is imported in this process
     if fixes:
         speccompat.apply(only=fixes)
+    args = dict(model=str(tiny_deepseek_llama4_scaling), max_model_len=256,
+                enforce_eager=True, enable_prefix_caching=False,
+                worker_extension_cls=WORKER_EXTENSION)
     try:
-        llm = LLM(model=str(tiny_deepseek_llama4_scaling), max_model_len=256,
-                  enforce_eager=True, enable_prefix_caching=False,
-                  worker_extension_cls=WORKER_EXTENSION)
+        with _engine_config_current(args):
+            llm = LLM(**args)
     finally:
         if fixes:
             speccompat.revert()
@@ -115,6 +117,19 @@ def engine(tiny_deepseek_llama4_scaling: Path) -> Iterator[Any]:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = old
     yield llm
     del llm
+
+
+@contextlib.contextmanager
+def _engine_config_current(args: dict[str, Any]) -> Iterator[None]:
+    """The engine's config as vLLM's current one while this process runs its forward.
+    vLLM 0.14.0's CPU fused MoE builds an activation op inside the forward, which then
+    needs a current config; a worker process has one, an in-process engine does not
+    ("Current vLLM config is not set")."""
+    from vllm.config import set_current_vllm_config
+    from vllm.engine.arg_utils import EngineArgs
+
+    with set_current_vllm_config(EngineArgs(**args).create_engine_config()):
+        yield
 
 
 def _spy_layers(llm: Any) -> tuple[list[Any], list[Any], list[Any]]:
@@ -145,8 +160,10 @@ def _spy_layers(llm: Any) -> tuple[list[Any], list[Any], list[Any]]:
 
 def _generate(llm: Any, prompt: list[int]) -> None:
     from vllm import SamplingParams
+    from vllm.config import set_current_vllm_config
 
-    llm.generate([{"prompt_token_ids": prompt}], SamplingParams(max_tokens=1), use_tqdm=False)
+    with set_current_vllm_config(llm.llm_engine.vllm_config):
+        llm.generate([{"prompt_token_ids": prompt}], SamplingParams(max_tokens=1), use_tqdm=False)
 
 
 @needs_adapter(ID, IN_0_4)
