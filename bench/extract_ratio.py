@@ -192,9 +192,9 @@ def worker(args: argparse.Namespace) -> int:
         if profiler:
             profiler.dump_stats(args.profile)
     finally:
-        contexts = support._queue_contexts(executor)
-        executor.shutdown()
-        support._close_zmq(contexts)
+        from speccompat import teardown  # both sides: harness cleanup, applies nothing
+
+        teardown.shut_down(executor)
     loaded = sys.modules.get("speccompat")  # vLLM's plugin loader may import it
     out["speccompat_imported"] = loaded is not None
     out["speccompat_active"] = list(loaded.active()) if loaded is not None else []
