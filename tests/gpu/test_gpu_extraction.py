@@ -90,7 +90,6 @@ def test_deepseek_mla_matches_hf(deepseek_mla: Path, tp: int) -> None:
     print(f"deepseek MLA TP={tp}: worst mean relative error vs HF {worst:.2e}")
 
 
-
 # TP=2 splits each layer's matmuls and all-reduces the halves: the same function in bf16 up
 # to summation order, so the bound is bf16 rounding noise, under the HF-parity bounds above
 # (HF's own bf16 run differs from its fp32 run by up to 3.7e-2 mean on the tiny Llama).
