@@ -27,7 +27,33 @@ ID = "vllm.collective_rpc.unique_reply_rank"
 ID_V04 = "vllm.collective_rpc.unique_reply_rank.speculators_0_4"
 
 
-class ListReplyExecutor(Proxy):
+def _is_unique_reply(unique_reply_rank: int | None, non_block: bool, extra: dict[str, Any]) -> bool:
+    # Only the plain blocking one-rank call changed; anything else passes through as is.
+    return unique_reply_rank is not None and not non_block and not extra
+
+
+class BareReplyExecutor(Proxy):
+    """The executor as speculators 0.4.0 expects it: a unique reply comes as ``result``."""
+
+    def collective_rpc(
+        self,
+        method: Any,
+        timeout: float | None = None,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+        non_block: bool = False,
+        unique_reply_rank: int | None = None,
+        **extra: Any,
+    ) -> Any:
+        if not _is_unique_reply(unique_reply_rank, non_block, extra):
+            return self.inner.collective_rpc(
+                method, timeout=timeout, args=args, kwargs=kwargs, non_block=non_block,
+                unique_reply_rank=unique_reply_rank, **extra)
+        return collective_rpc(self.inner, method, rank=unique_reply_rank, args=args,
+                              kwargs=kwargs, timeout=timeout)
+
+
+class ListReplyExecutor(BareReplyExecutor):
     """The executor as speculators 0.3.0 expects it: a unique reply comes as ``[result]``.
 
     A worker failure becomes one ``WorkerFailedError``; the batch it interrupted is
@@ -68,13 +94,10 @@ class ListReplyExecutor(Proxy):
     ) -> Any:
         capture: guards.CaptureExpectation = object.__getattribute__(self, "_capture")
         capture.observe_rpc(method, args)
-        if unique_reply_rank is None or non_block or extra:
-            return self._guarded(str(method), lambda: self.unwrapped.collective_rpc(
-                method, timeout=timeout, args=args, kwargs=kwargs, non_block=non_block,
-                unique_reply_rank=unique_reply_rank, **extra))
-        result = self._guarded(str(method), lambda: collective_rpc(
-            self.unwrapped, method, rank=unique_reply_rank, args=args, kwargs=kwargs,
-            timeout=timeout))
+        result = self._guarded(str(method), lambda: super(ListReplyExecutor, self).collective_rpc(
+            method, timeout, args, kwargs, non_block, unique_reply_rank, **extra))
+        if not _is_unique_reply(unique_reply_rank, non_block, extra):
+            return result
         if method == "_get_captured_states":
             capture.check(result, self.unwrapped.vllm_config)
         return [result]
@@ -84,27 +107,6 @@ class ListReplyExecutor(Proxy):
         capture.observe_step(scheduler_output)
         return self._guarded("execute_model", lambda: self.inner.execute_model(
             scheduler_output, *args, **kwargs))
-
-
-class BareReplyExecutor(Proxy):
-    """The executor as speculators 0.4.0 expects it: a unique reply comes as ``result``."""
-
-    def collective_rpc(
-        self,
-        method: Any,
-        timeout: float | None = None,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-        non_block: bool = False,
-        unique_reply_rank: int | None = None,
-        **extra: Any,
-    ) -> Any:
-        if unique_reply_rank is None or non_block or extra:
-            return self.inner.collective_rpc(
-                method, timeout=timeout, args=args, kwargs=kwargs, non_block=non_block,
-                unique_reply_rank=unique_reply_rank, **extra)
-        return collective_rpc(self.inner, method, rank=unique_reply_rank, args=args,
-                              kwargs=kwargs, timeout=timeout)
 
 
 def _collective_rpc() -> SourceDef | None:
