@@ -13,6 +13,7 @@ the first one missing), so its view of the executor gives the bare result there.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .. import guards, teardown
@@ -25,11 +26,6 @@ from ..versions import spec
 
 ID = "vllm.collective_rpc.unique_reply_rank"
 ID_V04 = "vllm.collective_rpc.unique_reply_rank.speculators_0_4"
-
-
-def _is_unique_reply(unique_reply_rank: int | None, non_block: bool, extra: dict[str, Any]) -> bool:
-    # Only the plain blocking one-rank call changed; anything else passes through as is.
-    return unique_reply_rank is not None and not non_block and not extra
 
 
 class BareReplyExecutor(Proxy):
@@ -45,12 +41,20 @@ class BareReplyExecutor(Proxy):
         unique_reply_rank: int | None = None,
         **extra: Any,
     ) -> Any:
-        if not _is_unique_reply(unique_reply_rank, non_block, extra):
-            return self.inner.collective_rpc(
+        # Only the plain blocking one-rank call changed; anything else passes through as is.
+        if unique_reply_rank is None or non_block or extra:
+            return self._call(method, args, lambda: self.inner.collective_rpc(
                 method, timeout=timeout, args=args, kwargs=kwargs, non_block=non_block,
-                unique_reply_rank=unique_reply_rank, **extra)
-        return collective_rpc(self.inner, method, rank=unique_reply_rank, args=args,
-                              kwargs=kwargs, timeout=timeout)
+                unique_reply_rank=unique_reply_rank, **extra))
+        return self._unique_reply(method, self._call(method, args, lambda: collective_rpc(
+            self.inner, method, rank=unique_reply_rank, args=args, kwargs=kwargs,
+            timeout=timeout)))
+
+    def _call(self, method: Any, args: tuple[Any, ...], call: Callable[[], Any]) -> Any:
+        return call()
+
+    def _unique_reply(self, method: Any, result: Any) -> Any:
+        return result
 
 
 class ListReplyExecutor(BareReplyExecutor):
@@ -67,7 +71,7 @@ class ListReplyExecutor(BareReplyExecutor):
         object.__setattr__(self, "_capture", guards.CaptureExpectation(ID))
         object.__setattr__(self, "_failure", None)
 
-    def _guarded(self, what: str, call: Any) -> Any:
+    def _guarded(self, what: str, call: Callable[[], Any]) -> Any:
         failure = object.__getattribute__(self, "_failure")
         if failure is not None:
             raise WorkerFailedError(
@@ -82,23 +86,14 @@ class ListReplyExecutor(BareReplyExecutor):
                 f"a vLLM worker failed during {what}: {exc}. No result of the batch was "
                 "returned, and this generator cannot be used again: build a new one") from exc
 
-    def collective_rpc(
-        self,
-        method: Any,
-        timeout: float | None = None,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-        non_block: bool = False,
-        unique_reply_rank: int | None = None,
-        **extra: Any,
-    ) -> Any:
+    def _call(self, method: Any, args: tuple[Any, ...], call: Callable[[], Any]) -> Any:
         capture: guards.CaptureExpectation = object.__getattribute__(self, "_capture")
         capture.observe_rpc(method, args)
-        result = self._guarded(str(method), lambda: super(ListReplyExecutor, self).collective_rpc(
-            method, timeout, args, kwargs, non_block, unique_reply_rank, **extra))
-        if not _is_unique_reply(unique_reply_rank, non_block, extra):
-            return result
+        return self._guarded(str(method), call)
+
+    def _unique_reply(self, method: Any, result: Any) -> Any:
         if method == "_get_captured_states":
+            capture: guards.CaptureExpectation = object.__getattribute__(self, "_capture")
             capture.check(result, self.unwrapped.vllm_config)
         return [result]
 
