@@ -122,9 +122,9 @@ def engine(tiny_deepseek_llama4_scaling: Path) -> Iterator[Any]:
 @contextlib.contextmanager
 def _engine_config_current(args: dict[str, Any]) -> Iterator[None]:
     """The engine's config as vLLM's current one while this process runs its forward.
-    vLLM 0.14.0's CPU fused MoE builds an activation op inside the forward, which then
-    needs a current config; a worker process has one, an in-process engine does not
-    ("Current vLLM config is not set")."""
+    vLLM 0.14.x's CPU fused MoE builds an activation op inside the forward, which then
+    needs a current config ("Current vLLM config is not set"); vLLM's own engine lacks one
+    there too (its multiprocess LLM fails the same way on 0.14.0)."""
     from vllm.config import set_current_vllm_config
     from vllm.engine.arg_utils import EngineArgs
 
