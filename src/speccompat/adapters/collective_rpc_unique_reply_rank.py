@@ -66,16 +66,20 @@ class ListReplyExecutor(BareReplyExecutor):
     than return states mixed with the interrupted batch's.
     """
 
+    # Set with object.__setattr__ (Proxy forwards plain assignment to the executor);
+    # read as usual, since instance attributes are found before Proxy.__getattr__.
+    _capture: guards.CaptureExpectation
+    _failure: str | None
+
     def __init__(self, executor: Any) -> None:
         super().__init__(executor)
         object.__setattr__(self, "_capture", guards.CaptureExpectation(ID))
         object.__setattr__(self, "_failure", None)
 
     def _guarded(self, what: str, call: Callable[[], Any]) -> Any:
-        failure = object.__getattribute__(self, "_failure")
-        if failure is not None:
+        if self._failure is not None:
             raise WorkerFailedError(
-                f"{what}: this generator's vLLM workers failed earlier ({failure}); "
+                f"{what}: this generator's vLLM workers failed earlier ({self._failure}); "
                 "build a new generator")
         try:
             return call()
@@ -87,19 +91,16 @@ class ListReplyExecutor(BareReplyExecutor):
                 "returned, and this generator cannot be used again: build a new one") from exc
 
     def _call(self, method: Any, args: tuple[Any, ...], call: Callable[[], Any]) -> Any:
-        capture: guards.CaptureExpectation = object.__getattribute__(self, "_capture")
-        capture.observe_rpc(method, args)
+        self._capture.observe_rpc(method, args)
         return self._guarded(str(method), call)
 
     def _unique_reply(self, method: Any, result: Any) -> Any:
         if method == "_get_captured_states":
-            capture: guards.CaptureExpectation = object.__getattribute__(self, "_capture")
-            capture.check(result, self.unwrapped.vllm_config)
+            self._capture.check(result, self.unwrapped.vllm_config)
         return [result]
 
     def execute_model(self, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
-        capture: guards.CaptureExpectation = object.__getattribute__(self, "_capture")
-        capture.observe_step(scheduler_output)
+        self._capture.observe_step(scheduler_output)
         return self._guarded("execute_model", lambda: self.inner.execute_model(
             scheduler_output, *args, **kwargs))
 
