@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
+import cpu_build
 import speccompat
 from speccompat.adapters.model_forward_drift import ID_V04
 from speccompat.targets import WORKER_EXTENSION, module_source
-from speccompat.versions import spec
 from support import (
     needs_adapter,
     requires_speculators,
@@ -136,15 +136,7 @@ def prompt() -> list[int]:
 @pytest.fixture(scope="module")
 def vllms_own(tiny_deepseek_llama4_scaling: Path, prompt: list[int]) -> tuple[Any, Any]:
     """With speccompat: the generator's samples and vLLM's own layer outputs, one run."""
-    env = speccompat.detect()
-    if env.platform == "cpu" and env.vllm is not None and env.vllm.version in spec(
-            ">=0.14.0,<0.15.0"):
-        # vLLM 0.14.x's CPU fused MoE builds its activation op lazily, inside the forward,
-        # where no vLLM config is current ("Current vLLM config is not set"): measured on
-        # 0.14.0, vLLM's own LLM fails to warm up the tiny DeepSeek V3 the same way, so no
-        # generator can start a MoE model there. 0.15.0 calls the op's forward_native.
-        pytest.skip("vLLM 0.14.x's CPU build cannot run a MoE model in a worker (its own "
-                    "engine fails the same way); the other releases from 0.12.0 check the drift")
+    cpu_build.MOE_IN_WORKER.skip_if_present("the other releases from 0.12.0 check the drift")
     return _spied_run(tiny_deepseek_llama4_scaling, prompt)
 
 

@@ -8,13 +8,13 @@ run must fail or return the wrong structure.
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import cpu_build
 from support import (
     chunked_prefill_on,
     requires_speculators,
@@ -132,34 +132,14 @@ def test_chunked_prefill_keeps_every_token(tiny_llama: Path) -> None:
 @pytest.mark.parametrize("tp", [1, 2])
 def test_deepseek_v3_matches_hf(tiny_deepseek: Path, tp: int) -> None:
     import torch
-    from packaging.version import Version
 
-    import speccompat
-
-    env = speccompat.detect()
-    if tp == 2 and env.vllm is not None and env.vllm.version >= Version("0.17.0"):
-        # Seen on vLLM 0.17.0's and 0.22.0's CPU builds (0.16.0 runs it): "cpu_fused_moe.cpp:
-        # Check failed: output_size_13 % min_w13_n_tile_size == 0" for the tiny model's
-        # 16-wide MoE shard per rank.
-        pytest.skip("vLLM's CPU fused-MoE kernel rejects the tiny DeepSeek's TP=2 shard")
-    if importlib.util.find_spec("intel_extension_for_pytorch") is not None:
-        # Measured on vLLM 0.11.0's x86 CPU build with speculators 0.3.0 and 0.4.0 alike:
-        # dense layer 0 within 1.6% of HF, the MoE layers 12-33% off. Its IPEX GatedMLPMOE
-        # routes noaux_tc (e_score_correction_bias) unlike HF and vLLM's own grouped_topk
-        # (5% apart on one random MoE layer; 0.4% without the bias). 0.11.1's build has
-        # IPEX too (MoE layer 2 18% off); later builds run vLLM's own kernels.
-        pytest.skip("the CPU build's IPEX MoE kernel routes DeepSeek V3's noaux_tc experts "
-                    "unlike HF; the capture is checked on Llama here")
-    if env.vllm is not None and Version("0.12.0") <= env.vllm.version < Version("0.15.0"):
-        # Measured on vLLM 0.13.0's CPU build: vLLM's own forward (in-process LLM, forward
-        # hooks on the decoder layers, neither speccompat nor speculators loaded) is as far
-        # from HF as the capture: dense layer 0 mean 0.960 on a 5-token prompt, token 0
-        # right and every later one wrong, with the native rotary op and with either CPU
-        # attention backend. The same test passes on 0.11.x (dense layer) and 0.15.0 on.
-        # That the capture equals vLLM's own forward is checked for DeepSeek by
-        # tests/contract/test_model_forward_drift.py::test_capture_keeps_vllms_llama_4_scaling.
-        pytest.skip("vLLM's own DeepSeek V3 forward without MLA on this CPU build differs "
-                    "from HF after the first token; the capture matches vLLM's own forward")
+    if tp == 2:
+        cpu_build.FUSED_MOE_TP2_TILE.skip_if_present("TP=1 checks the capture")
+    cpu_build.IPEX_NOAUX_TC_ROUTING.skip_if_present("the capture is checked on Llama here")
+    # That the capture equals vLLM's own DeepSeek forward there is checked by
+    # tests/contract/test_model_forward_drift.py::test_capture_keeps_vllms_llama_4_scaling.
+    cpu_build.DEEPSEEK_WITHOUT_MLA_DIFFERS.skip_if_present(
+        "the capture matches vLLM's own forward")
 
     layer_ids = [0, 2, 3]  # a dense layer and MoE layers
     prompts = _prompts(LENGTHS)
