@@ -1,4 +1,4 @@
-"""speculators 0.3.0 + speccompat on CUDA vLLM: HF parity, real MLA, llama_4_scaling, Kimi-K2.5.
+"""speculators 0.3.0 or 0.4.0 + speccompat on CUDA vLLM: HF parity, MLA, llama_4_scaling, Kimi-K2.5.
 
 Run with ``nox -s gpu`` or, on a host without a package index, pytest against staged
 packages (docs/gpu-results.md says how).
@@ -237,7 +237,9 @@ def test_llama_on_model_runner_v2(tiny_llama: Path, monkeypatch: pytest.MonkeyPa
     prompts = _prompts([300, 5, 3000, 17, 64, 1000], seed=5)
     with speculators_generator(tiny_llama, layer_ids=layer_ids, max_model_len=4096,
                                gpu_memory_utilization=GPU_MEMORY) as gen:
-        runner = gen.executor.unwrapped.collective_rpc(
+        # speculators 0.4.0 on vLLM >= 0.11.1 gets the executor itself, with no view over it.
+        executor = getattr(gen.executor, "unwrapped", gen.executor)
+        runner = executor.collective_rpc(
             lambda worker: type(worker.model_runner).__module__)
         assert runner == ["vllm.v1.worker.gpu.model_runner"], runner
         results = gen.generate(prompts)
