@@ -39,10 +39,12 @@ class CpuBuildBug:
 
 # 0.14.0 and 0.14.1's cpu_fused_moe builds its SiluAndMul op on first use, inside the
 # forward, where no vLLM config is current ("Current vLLM config is not set"); vLLM's own
-# multiprocess LLM fails to warm up the tiny DeepSeek V3 the same way. 0.15.0 calls the
-# op's forward_native instead.
-MOE_IN_WORKER = CpuBuildBug(
-    "a MoE model cannot run in a worker process (its own engine fails the same way)",
+# multiprocess LLM fails to warm up the tiny DeepSeek V3 the same way. A test that runs
+# the model in its own process can make the config current; a worker cannot. 0.15.0
+# calls the op's forward_native instead.
+MOE_OP_NEEDS_CURRENT_CONFIG = CpuBuildBug(
+    "the fused-MoE activation op needs a current vLLM config inside the forward, so a MoE "
+    "model cannot run in a worker process (its own engine fails the same way)",
     vllm=">=0.14.0,<0.15.0")
 
 # Seen on 0.17.0's and 0.22.0's builds (0.16.0 runs it): "cpu_fused_moe.cpp: Check

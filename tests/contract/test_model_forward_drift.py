@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+import cpu_build
 import speccompat
 from speccompat.adapters.model_forward_drift import ID
 from support import (
@@ -106,7 +107,8 @@ def engine(tiny_deepseek_llama4_scaling: Path) -> Iterator[Any]:
                 enforce_eager=True, enable_prefix_caching=False,
                 worker_extension_cls=WORKER_EXTENSION)
     try:
-        with _engine_config_current(args):
+        current = cpu_build.MOE_OP_NEEDS_CURRENT_CONFIG.present()
+        with _engine_config_current(args) if current else contextlib.nullcontext():
             llm = LLM(**args)
     finally:
         if fixes:
@@ -121,10 +123,8 @@ def engine(tiny_deepseek_llama4_scaling: Path) -> Iterator[Any]:
 
 @contextlib.contextmanager
 def _engine_config_current(args: dict[str, Any]) -> Iterator[None]:
-    """The engine's config as vLLM's current one while this process runs its forward.
-    vLLM 0.14.x's CPU fused MoE builds an activation op inside the forward, which then
-    needs a current config ("Current vLLM config is not set"); vLLM's own engine lacks one
-    there too (its multiprocess LLM fails the same way on 0.14.0)."""
+    """The engine's config as vLLM's current one while this process runs its forward
+    (warm-up included), for the CPU build bug ``cpu_build.MOE_OP_NEEDS_CURRENT_CONFIG``."""
     from vllm.config import set_current_vllm_config
     from vllm.engine.arg_utils import EngineArgs
 
