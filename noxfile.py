@@ -236,10 +236,11 @@ def speccompat_commit() -> str:
 
 
 def cell_env(cell: matrix.Cell, contract_only_why: str = "") -> dict[str, str]:
+    """The tests' environment; ``contract_only_why`` (from ``contract_only_reason``) makes
+    the model-running tests skip with that reason."""
     env = dict(CPU_ENV, SPECCOMPAT_CELL=f"{cell.vllm},{cell.speculators}")
-    if cell.contract_only or contract_only_why:
-        env["SPECCOMPAT_CONTRACT_ONLY"] = "1"
     if contract_only_why:
+        env["SPECCOMPAT_CONTRACT_ONLY"] = "1"
         env["SPECCOMPAT_CONTRACT_ONLY_WHY"] = contract_only_why
     return env
 
@@ -267,9 +268,24 @@ def ops_load_error(session: nox.Session, python: str) -> str:
     return errors[0] if errors else ""
 
 
-def run_pytest(session: nox.Session, folder: str, cell: matrix.Cell) -> None:
+def contract_only_reason(session: nox.Session, cell: matrix.Cell) -> str:
+    """Why the installed cell runs only the contract tests that need no model execution
+    ("" when it runs them all): a release without a CPU build (the CUDA wheel on a machine
+    without a GPU), or a CPU build whose compiled ops do not load here."""
+    if cell.contract_only:
+        return f"vLLM {cell.vllm} has no CPU build"
+    load_error = ops_load_error(session, session_python(session))
+    if not load_error:
+        return ""
+    why = f"{cell.wheel}'s compiled ops do not load on this machine ({load_error})"
+    session.warn(f"{why}: only the contract tests that need no model execution run")
+    return why
+
+
+def run_pytest(session: nox.Session, folder: str, cell: matrix.Cell,
+               contract_only_why: str = "") -> None:
     session.run("pytest", folder, "-p", "no:cacheprovider", *session.posargs,
-                env=cell_env(cell))
+                env=cell_env(cell, contract_only_why))
 
 
 # --- the developer sessions ------------------------------------------------------------
@@ -293,16 +309,18 @@ def unit(session: nox.Session) -> None:
 def contract(session: nox.Session, vllm: str, speculators: str) -> None:
     cell = find_cell(vllm, speculators)
     install_cell(session, cell)
-    run_pytest(session, "tests/contract", cell)
+    run_pytest(session, "tests/contract", cell, contract_only_reason(session, cell))
 
 
 @nox.session(python=PYTHON)
 @nox.parametrize(("vllm", "speculators"), CELL_PARAMS)
 def e2e(session: nox.Session, vllm: str, speculators: str) -> None:
     cell = find_cell(vllm, speculators)
-    if cell.contract_only:
+    if cell.contract_only:  # known before installing anything
         session.skip(f"contract-only cell: vLLM {vllm} has no CPU build; no e2e tests")
     install_cell(session, cell)
+    if why := contract_only_reason(session, cell):
+        session.skip(f"contract-only cell: {why}; no e2e tests")
     run_pytest(session, "tests/e2e", cell)
 
 
@@ -379,17 +397,12 @@ def cell(session: nox.Session, vllm: str, speculators: str) -> None:
         return  # nox --install-only: the venv is ready, nothing ran, no record
     if install == compatibility.PASSED:
         stem = f"{vllm}-{speculators}"
-        load_error = "" if the_cell.contract_only else ops_load_error(session, python)
-        why = (f"{the_cell.wheel}'s compiled ops do not load on this machine ({load_error})"
-               if load_error else "")
-        if why:
-            session.warn(f"{why}: only the contract tests that need no model execution run")
+        why = contract_only_reason(session, the_cell)
         stages["contract"] = run_stage(session, "tests/contract", the_cell,
                                        JUNIT / f"{stem}-contract.xml", why)
-        if the_cell.contract_only or why:
+        if why:
             stages["e2e"] = compatibility.not_run(
-                f"contract-only cell: {why or f'vLLM {vllm} has no CPU build'}; "
-                "model execution not run")
+                f"contract-only cell: {why}; model execution not run")
         else:
             stages["e2e"] = run_stage(session, "tests/e2e", the_cell, JUNIT / f"{stem}-e2e.xml")
     try:

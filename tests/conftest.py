@@ -11,26 +11,16 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 import cpu_env
+import support
 
 cpu_env.set_defaults()
 
 
 def _skip_if_contract_only() -> None:
-    """Model-building fixtures skip in contract-only cells (``SPECCOMPAT_CONTRACT_ONLY=1``,
-    set by the nox sessions for releases without a CPU build, where the CUDA wheel is
-    installed on a machine without a GPU, and for CPU builds whose compiled ops do not
-    load on the machine, ``SPECCOMPAT_CONTRACT_ONLY_WHY``): only source/signature-level
-    contracts run."""
-    if os.environ.get("SPECCOMPAT_CONTRACT_ONLY") != "1":
-        return
-    vllm = os.environ.get("SPECCOMPAT_CELL", "").split(",")[0]
-    if not vllm:
-        from speccompat.versions import detect
-
-        found = detect().vllm
-        vllm = str(found.version) if found is not None else "?"
-    why = os.environ.get("SPECCOMPAT_CONTRACT_ONLY_WHY") or f"vLLM {vllm} has no CPU build"
-    pytest.skip(f"contract-only cell: {why}; model execution not run")
+    """Model-building fixtures skip where no model may run (``support.contract_only_reason``):
+    only source/signature-level contracts run there."""
+    if why := support.contract_only_reason():
+        pytest.skip(why)
 
 
 @pytest.fixture(scope="session")

@@ -23,10 +23,20 @@ def _installed(module: str) -> bool:
 requires_vllm = pytest.mark.skipif(not _installed("vllm"), reason="vLLM is not installed")
 requires_speculators = pytest.mark.skipif(
     not _installed("speculators"), reason="speculators is not installed")
+
+
+def contract_only_reason() -> str:
+    """Why this run executes no model ("" when it does): the nox sessions set
+    ``SPECCOMPAT_CONTRACT_ONLY=1`` with the cell's reason in ``SPECCOMPAT_CONTRACT_ONLY_WHY``
+    (a release without a CPU build, or a CPU build whose compiled ops do not load here)."""
+    if os.environ.get("SPECCOMPAT_CONTRACT_ONLY") != "1":
+        return ""
+    why = os.environ.get("SPECCOMPAT_CONTRACT_ONLY_WHY") or "SPECCOMPAT_CONTRACT_ONLY=1 is set"
+    return f"contract-only cell: {why}; model execution not run"
+
+
 # For tests that run a model without the model fixtures (in a subprocess of their own).
-runs_models = pytest.mark.skipif(
-    os.environ.get("SPECCOMPAT_CONTRACT_ONLY") == "1",
-    reason="contract-only cell: this vLLM has no CPU build; model execution not run")
+runs_models = pytest.mark.skipif(bool(contract_only_reason()), reason=contract_only_reason())
 
 
 def adapter_applies(adapter_id: str) -> tuple[bool, str]:
