@@ -178,6 +178,16 @@ def test_render_rows_and_not_run(tmp_path: Path) -> None:
     assert "9.9.9" not in text
 
 
+def test_render_counts_cells_with_tests_not_run(tmp_path: Path) -> None:
+    """A CPU build whose ops do not load here runs the contract tests only: neither passed
+    nor failed, and the summary says so instead of leaving the count out."""
+    ok = compat.stage_from_junit(junit(tmp_path / "ok.xml", tests=20, skipped=2))
+    records = {("0.16.0", "0.3.0"): record(CELLS[1], ok, compat.not_run("ops do not load"))}
+    assert records[("0.16.0", "0.3.0")]["outcome"] == compat.NOT_RUN
+    text = compat.render(CELLS, records)
+    assert "Records: 1 of 6 cells (0 passed, 1 with tests not run, 0 failed)" in text
+
+
 def test_render_without_records_covers_the_real_matrix() -> None:
     text = compat.render(matrix.CELLS, {})
     for spec in matrix.speculators_releases():
