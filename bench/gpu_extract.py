@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import timing
+
 LLAMA_31_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                    num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
                    max_position_embeddings=8192, rope_theta=500000.0, rms_norm_eps=1e-5)
@@ -76,56 +78,25 @@ def run_vllm(model: str, prompts: list[list[int]], tp: int) -> float:
     return time.perf_counter() - start
 
 
-GUARD_SECONDS = [0.0]
-
-
-def time_guards() -> None:
-    """Accumulate the wall time of every guard call (bench/guard_overhead.py does the same)."""
-    from speccompat import guards
-
-    def timed(method: Any) -> Any:
-        def call(*a: Any, **k: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return method(*a, **k)
-            finally:
-                GUARD_SECONDS[0] += time.perf_counter() - start
-        return call
-
-    for name in ("observe_rpc", "observe_step", "check"):
-        setattr(guards.CaptureExpectation, name, timed(getattr(guards.CaptureExpectation, name)))
-
-
-PHASES: dict[str, float] = {}
+GUARDS = timing.Tally()
+PHASES = timing.Tally()
 
 
 def time_phases(generator: Any) -> None:
     """Accumulate wall time per step of ``generate()``: the executor calls (on the real
     executor, under speccompat's views), the scheduler, and the rest (the driver's
     slicing and copying). Each executor call returns only when the workers are done."""
-    import functools
-
-    def timed(owner: Any, name: str, phase: Any) -> None:
-        method = getattr(owner, name)
-
-        @functools.wraps(method)
-        def call(*a: Any, **k: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return method(*a, **k)
-            finally:
-                key = phase(a, k)
-                PHASES[key] = PHASES.get(key, 0.0) + time.perf_counter() - start
-        object.__setattr__(owner, name, call)
-
     executor = generator.executor.unwrapped
-    timed(executor, "execute_model", lambda a, k: "execute_model (forward + capture hooks)")
+    timing.time_method(executor, "execute_model", PHASES,
+                       "execute_model (forward + capture hooks)")
     if hasattr(executor, "sample_tokens"):
-        timed(executor, "sample_tokens", lambda a, k: "sample_tokens")
-    timed(executor, "collective_rpc", lambda a, k: f"rpc {a[0] if a else k.get('method')}")
-    timed(generator.scheduler, "schedule", lambda a, k: "scheduler.schedule")
-    timed(generator.scheduler, "finish_requests", lambda a, k: "scheduler.finish_requests")
-    timed(generator, "generate", lambda a, k: "generate (total)")
+        timing.time_method(executor, "sample_tokens", PHASES, "sample_tokens")
+    timing.time_method(executor, "collective_rpc", PHASES,
+                       lambda a, k: f"rpc {a[0] if a else k.get('method')}")
+    timing.time_method(generator.scheduler, "schedule", PHASES, "scheduler.schedule")
+    timing.time_method(generator.scheduler, "finish_requests", PHASES,
+                       "scheduler.finish_requests")
+    timing.time_method(generator, "generate", PHASES, "generate (total)")
 
 
 def transfer_costs(rows: int, hidden: int, layers: int) -> dict[str, float]:
@@ -179,7 +150,7 @@ def run_speculators(model: str, prompts: list[list[int]], batch: int, tp: int,
                     profile: bool = False) -> float:
     import speccompat
 
-    time_guards()
+    timing.time_guards(GUARDS)
     report = speccompat.apply()
     assert all(o.state.value in ("applied", "not needed") for o in report.outcomes), report
     from speculators.data_generation.vllm_hidden_states_generator import (
@@ -193,7 +164,7 @@ def run_speculators(model: str, prompts: list[list[int]], batch: int, tp: int,
     generator.generate(prompts[:batch])
     if profile:
         time_phases(generator)
-    GUARD_SECONDS[0] = 0.0
+    GUARDS.reset()
     start = time.perf_counter()
     for at in range(0, len(prompts), batch):
         results = generator.generate(prompts[at:at + batch])
@@ -202,7 +173,7 @@ def run_speculators(model: str, prompts: list[list[int]], batch: int, tp: int,
     generator.executor.shutdown()
     if profile:
         rows = sum(len(p) for p in prompts[:batch])
-        PHASES.update({f"transfer, one batch of {rows} rows: {k}": v for k, v in
+        PHASES.seconds.update({f"transfer, one batch of {rows} rows: {k}": v for k, v in
                        transfer_costs(rows, int(LLAMA_31_8B["hidden_size"]),
                                       len(LAYER_IDS)).items()})
     return seconds
@@ -239,7 +210,8 @@ def child(kind: str, model: str, prompts_file: str, batch: int, tp: int,
               "hf": lambda: run_hf(model, prompts)}[kind]
     seconds = runner()
     print("RESULT " + json.dumps({"kind": kind, "seconds": seconds,
-                                  "guard_seconds": GUARD_SECONDS[0], "phases": PHASES}),
+                                  "guard_seconds": GUARDS.seconds.get(timing.GUARDS, 0.0),
+                                  "phases": PHASES.seconds}),
           flush=True)
 
 

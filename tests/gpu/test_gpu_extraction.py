@@ -37,8 +37,14 @@ def _prompts(lengths: list[int], seed: int = 0) -> list[list[int]]:
     return tiny_models.make_prompts(tiny_models.VOCAB_SIZE, lengths, seed=seed)
 
 
-def _check(reference: list[list[Any]], prompts: list[list[int]], results: list[dict[str, Any]],
-           layer_ids: list[int], hidden: int, outliers: float = 0.0) -> float:
+def _check(reference: list[Any], prompts: list[list[int]], results: list[dict[str, Any]],
+           layer_ids: list[int], hidden: int, *, outliers: float = 0.0, min_outliers: int = 0,
+           mean_tolerance: float = MEAN_TOLERANCE, token_tolerance: float = MAX_TOLERANCE,
+           label: str = "") -> float:
+    """Each result against ``reference`` (per prompt, indexed by layer id): shape and dtype,
+    at most ``outliers`` of the tokens (at least ``min_outliers`` where any are allowed)
+    over ``token_tolerance``, and a mean relative error under ``mean_tolerance`` over the
+    other tokens. Returns the worst mean."""
     import torch
 
     import hf_reference
@@ -50,10 +56,17 @@ def _check(reference: list[list[Any]], prompts: list[list[int]], results: list[d
         assert len(states) == len(layer_ids)
         for layer, got in zip(layer_ids, states, strict=True):
             assert got.shape == (len(prompt), hidden) and got.dtype == torch.bfloat16
-            mean, _ = hf_reference.relative_errors(got, want[layer])
-            off = int((hf_reference.token_errors(got, want[layer]) > MAX_TOLERANCE).sum())
-            assert mean < MEAN_TOLERANCE and off <= outliers * len(prompt), (
-                f"layer {layer}, {len(prompt)} tokens: mean {mean:.2e}, {off} tokens off")
+            # Tokens past ``token_tolerance`` (MoE routing flips) are counted against
+            # ``outliers``; the mean is over the rest, so one flip in a short prompt does
+            # not decide it.
+            kept = hf_reference.token_errors(got, want[layer]) <= token_tolerance
+            off = int((~kept).sum())
+            mean = (hf_reference.relative_errors(got[kept], want[layer][kept])[0]
+                    if kept.any() else 0.0)
+            allowed = max(min_outliers, outliers * len(prompt)) if outliers else 0
+            assert mean < mean_tolerance and off <= allowed, (
+                f"{label}layer {layer}, {len(prompt)} tokens: mean {mean:.2e}, "
+                f"{off} tokens off")
             worst = max(worst, mean)
     return worst
 
@@ -100,32 +113,24 @@ TP_TOKEN_TOLERANCE = 0.1
 
 @pytest.mark.parametrize("model", ["llama", "deepseek_mla"])
 def test_tp2_captures_what_tp1_captures(model: str, request: pytest.FixtureRequest) -> None:
-    import hf_reference
-
     if gpu_count() < 2:
         pytest.skip(f"TP=2 needs 2 GPUs, {gpu_count()} visible")
     path = request.getfixturevalue("tiny_llama" if model == "llama" else "deepseek_mla")
-    layer_ids = [0, 1, 2, 3] if model == "llama" else [0, 2, 3]
+    layer_ids, hidden = ([0, 1, 2, 3], 64) if model == "llama" else ([0, 2, 3], 256)
     prompts = _prompts([5, 17, 300, 64, 1000], seed=1)
     by_tp = {}
     for tp in (1, 2):
         with speculators_generator(path, layer_ids=layer_ids, tensor_parallel_size=tp,
                                    gpu_memory_utilization=GPU_MEMORY) as gen:
-            by_tp[tp] = [[t.clone() for t in r["hidden_states"]] for r in gen.generate(prompts)]
+            by_tp[tp] = [{"hidden_states": [t.clone() for t in r["hidden_states"]]}
+                         for r in gen.generate(prompts)]
+    tp1 = [dict(zip(layer_ids, r["hidden_states"], strict=True)) for r in by_tp[1]]
     # MoE routing can flip on near-ties when the sums are reordered: DeepSeek may have a
     # few such tokens (one of 17 seen, layer 2), Llama none.
-    flips = 0.0 if model == "llama" else 0.05
-    worst = 0.0
-    for prompt, one, two in zip(prompts, by_tp[1], by_tp[2], strict=True):
-        for layer, a, b in zip(layer_ids, one, two, strict=True):
-            assert a.shape == b.shape == (len(prompt), a.shape[-1]) and b.dtype == a.dtype
-            mean, _ = hf_reference.relative_errors(b, a)
-            off = int((hf_reference.token_errors(b, a) > TP_TOKEN_TOLERANCE).sum())
-            allowed = max(1, int(flips * len(prompt))) if flips else 0
-            assert mean < TP_MEAN_TOLERANCE and off <= allowed, (
-                f"{model} layer {layer}, {len(prompt)} tokens: TP=2 vs TP=1 mean {mean:.2e}, "
-                f"{off} tokens off")
-            worst = max(worst, mean)
+    worst = _check(tp1, prompts, by_tp[2], layer_ids, hidden,
+                   outliers=0.0 if model == "llama" else 0.05, min_outliers=1,
+                   mean_tolerance=TP_MEAN_TOLERANCE, token_tolerance=TP_TOKEN_TOLERANCE,
+                   label=f"{model} TP=2 vs TP=1: ")
     print(f"{model}: TP=2 vs TP=1 worst mean relative difference {worst:.2e}")
 
 
