@@ -14,6 +14,7 @@ default per architecture from 0.22.0, for every model from 0.29.0 on CUDA) has n
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Any
 
 from . import guards
@@ -109,8 +110,16 @@ class LayerCapture:
                     "the step's InputBatch from Model Runner V2's prepare_inputs",
                     "a forward without one", versions=guards.versions_text(),
                     adapter=self.adapter)
-            counts = [int(n) for n in batch.num_scheduled_tokens[: len(batch.req_ids)]]
             req_ids = list(batch.req_ids)
+            counts = [int(n) for n in batch.num_scheduled_tokens[: len(req_ids)]]
+            # The rows attention reads: num_scheduled_tokens is only an upper bound
+            # where draft tokens are scheduled (adaptive verification, vLLM >= 0.28.0).
+            starts = [int(n) for n in batch.query_start_loc_np[: len(req_ids) + 1]]
+            rows = [end - start for start, end in pairwise(starts)]
+            if starts[:1] != [0] or rows != counts:
+                raise CorruptCaptureError(
+                    f"rows {counts} per request as scheduled", f"query_start_loc {starts}",
+                    versions=guards.versions_text(), adapter=self.adapter)
         else:
             # The V1 runner lays tokens out in input_batch order (gpu_model_runner.py).
             wanted = self.step.num_scheduled_tokens

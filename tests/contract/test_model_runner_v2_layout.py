@@ -5,7 +5,8 @@ model from 0.29.0) keeps no ``input_batch``. Each step's rows are laid out as th
 ``InputBatch`` its ``prepare_inputs`` returns says, in V2's own order (up to 0.25, decode
 first and then prefill: not the scheduler's). The capture tells the runners apart by
 ``input_batch``, wraps ``prepare_inputs`` on the runner instance, reads ``req_ids`` and
-``num_scheduled_tokens`` from its result, and lets ``execute_model(dummy_run=True)``
+``num_scheduled_tokens`` from its result (checked against ``query_start_loc_np``, the rows
+attention reads), and lets ``execute_model(dummy_run=True)``
 (warm-up, profiling) through. vLLM's CPU build never picks V2 (no Triton backend), so
 on CPU this source contract is what checks it on every release; tests/gpu runs it.
 """
@@ -44,9 +45,10 @@ def test_prepare_inputs_returns_the_layout_the_capture_reads() -> None:
     assert prepare is not None
     built = prepare.text[prepare.text.rindex("InputBatch("):]
     assert "req_ids=req_ids" in built and "num_scheduled_tokens=" in built
+    assert "query_start_loc_np=query_start_loc_np" in built
     source = module_source(STEP_BATCH)
     assert source is not None
     found = re.search(r"^class InputBatch\b.*?(?=^\S)", source, re.S | re.M)
     assert found is not None
-    for field in ("req_ids", "num_scheduled_tokens"):
+    for field in ("req_ids", "num_scheduled_tokens", "query_start_loc_np"):
         assert re.search(rf"^    {field}:", found.group(0), re.M), field
