@@ -174,8 +174,8 @@ def run_speculators(model: str, prompts: list[list[int]], batch: int, tp: int,
     if profile:
         rows = sum(len(p) for p in prompts[:batch])
         PHASES.seconds.update({f"transfer, one batch of {rows} rows: {k}": v for k, v in
-                       transfer_costs(rows, int(LLAMA_31_8B["hidden_size"]),
-                                      len(LAYER_IDS)).items()})
+                               transfer_costs(rows, int(LLAMA_31_8B["hidden_size"]),
+                                              len(LAYER_IDS)).items()})
     return seconds
 
 
