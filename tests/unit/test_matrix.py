@@ -102,3 +102,36 @@ def test_custom_cells(env_factory: MakeEnv) -> None:
                                       "speculators 0.4.0 x vLLM 0.16.0")
     assert "newer" not in support.advice  # between two cells is not newer
     assert "newer" in check(env_factory("0.16.1", "0.3.0"), cells).advice
+
+
+def test_transformers_variants_where_vllm_accepts_both_majors() -> None:
+    variants = [c for c in matrix.CELLS if c.transformers]
+    assert {c.vllm for c in variants} == matrix.BOTH_TRANSFORMERS_MAJORS
+    for c in variants:
+        default = next(d for d in matrix.CELLS
+                       if (d.vllm, d.speculators, d.transformers) == (c.vllm, c.speculators, ""))
+        assert default.variant_pins == ()
+        assert not c.ci  # CI runs the default, which is what a resolver gives
+    by_spec = {(c.vllm, c.speculators): c for c in variants}
+    assert by_spec[("0.22.0", "0.3.0")].variant_pins == ("transformers==4.57.6",)
+    assert by_spec[("0.22.0", "0.4.0")].variant_pins == ("transformers>=5,<6",)
+    assert by_spec[("0.22.0", "0.4.0")].name == "vllm=0.22.0, speculators=0.4.0, transformers=5"
+    # Outside 0.19.1-0.23.x a vLLM release admits one major only: no variant there.
+    assert not any(c.vllm in ("0.19.0", "0.24.0") for c in variants)
+
+
+def test_a_ci_cell_has_transformers_5_on_a_vllm_that_accepts_4() -> None:
+    assert any(c.ci and c.speculators == "0.3.0" and c.vllm in matrix.BOTH_TRANSFORMERS_MAJORS
+               for c in matrix.CELLS)
+
+
+def test_transformers_newer_than_proven_is_said(env_factory: MakeEnv) -> None:
+    support = check(env_factory("0.22.0", "0.3.0", transformers="9.0.0"))
+    assert support.supported  # the pair is; the note says what the verdict does not cover
+    assert len(support.notes) == 1
+    note = support.notes[0]
+    assert "transformers 9.0.0 is newer than any proven" in note
+    assert f"newest proven: {matrix.NEWEST_TRANSFORMERS_PROVEN}" in note
+    assert note in support.message
+    assert check(env_factory("0.22.0", "0.3.0",
+                             transformers=matrix.NEWEST_TRANSFORMERS_PROVEN)).notes == ()

@@ -595,8 +595,27 @@ def test_transformers_specifier_selects_too(
     from packaging.specifiers import SpecifierSet
 
     adapter = dataclasses.replace(adapter_factory("t.tf", patch=Counter(target)),
-                                  transformers=SpecifierSet(">=5.24"))
-    assert adapter.wants(env_factory("0.29.0", "0.3.0", transformers="5.24.0"))[0]
+                                  vllm=None, transformers=SpecifierSet(">=5.24"))
+    assert adapter.cause == "transformers"
+    # Selected by the cause whatever vLLM it is paired with: old and new alike.
+    for vllm in ("0.19.1", "0.22.0", "0.29.0"):
+        wanted, why = adapter.wants(env_factory(vllm, "0.3.0", transformers="5.24.0"))
+        assert wanted and why == "transformers 5.24.0 is in >=5.24", vllm
     wanted, why = adapter.wants(env_factory("0.29.0", "0.3.0", transformers="5.23.0"))
     assert not wanted and why == "transformers 5.23.0 is outside >=5.24"
     assert adapter.wants(env_factory("0.29.0", "0.3.0"))[1] == "transformers is not installed"
+    assert adapter.wants(env_factory(None, "0.3.0", transformers="5.24.0"))[1] == (
+        "vLLM is not installed")
+
+
+def test_an_adapter_has_exactly_one_cause(adapter_factory: MakeAdapter) -> None:
+    import dataclasses
+
+    from packaging.specifiers import SpecifierSet
+
+    adapter = adapter_factory("t.cause")
+    assert adapter.cause == "vLLM" and adapter.cause_specifier == adapter.vllm
+    with pytest.raises(ValueError, match="exactly one causing package"):
+        dataclasses.replace(adapter, transformers=SpecifierSet(">=5"))
+    with pytest.raises(ValueError, match="exactly one causing package"):
+        dataclasses.replace(adapter, vllm=None)

@@ -143,9 +143,12 @@ def test_patch_waits_for_the_module_and_passes_torch(
 def test_the_record() -> None:
     record = adapter.ADAPTER
     assert record.id == adapter.ID and record.side is Side.BOTH
-    assert record.vllm == spec(">=0.24.0")
-    assert all(v in record.vllm for v in ("0.24.0", "0.29.0", "0.32.0", "0.33.0.dev1"))
-    assert not any(v in record.vllm for v in ("0.16.0", "0.23.0", "0.23.1rc0"))
+    # Selected by transformers, the cause: any vLLM it is paired with (vLLM 0.19.1-0.23.x
+    # accept transformers 5 too).
+    assert record.vllm is None and record.cause == "transformers"
+    assert record.transformers == spec(">=5.4.0")
+    assert all(v in record.transformers for v in ("5.4.0", "5.5.3", "5.24.0", "5.30.0.dev0"))
+    assert not any(v in record.transformers for v in ("4.57.6", "5.3.0"))
     assert record.speculators is not None
     assert all(v in record.speculators for v in ("0.3.0", "0.4.0"))
     assert not any(v in record.speculators for v in ("0.2.0", "0.5.0"))

@@ -1,5 +1,6 @@
-"""speculators 0.3.0/0.4.0 cannot be imported under transformers 5, which vLLM requires
-from 0.24.0 (``transformers>=5.5.3``).
+"""speculators 0.3.0/0.4.0 cannot be imported under transformers 5: the one vLLM requires
+from 0.24.0 (``transformers>=5.5.3``), and the one pip resolves beside speculators 0.3.0
+on vLLM 0.19.1 to 0.23.x, which accept both majors.
 
 transformers 5 declares ``PreTrainedConfig``'s fields as class annotations, among
 them ``dtype: Union[str, "torch.dtype"] | None`` with ``torch`` imported only under
@@ -67,9 +68,11 @@ ADAPTER = Adapter(
     id=ID,
     summary="speculators' config schemas resolve transformers 5's 'torch.dtype' annotation, "
     "so speculators imports",
-    upstream="vLLM 0.24.0: requires transformers>=5.5.3, whose PreTrainedConfig annotates "
-    "dtype as 'torch.dtype' with torch imported only for type checkers",
-    vllm=spec(">=0.24.0"),
+    upstream="transformers 5.4.0: PreTrainedConfig declares its fields as class annotations, "
+    "'dtype' as 'torch.dtype' with torch imported only for type checkers (taken by every "
+    "vLLM >= 0.24.0, and by default beside speculators 0.3.0 on vLLM 0.19.1-0.23.x)",
+    vllm=None,
+    transformers=spec(">=5.4.0"),
     speculators=spec(">=0.3,<0.5"),
     side=Side.BOTH,
     probe=_probe,

@@ -1,8 +1,8 @@
 """transformers 5.24 removed ``transformers.modeling_attn_mask_utils``, and speculators
 0.3.0/0.4.0 import ``_prepare_4d_causal_attention_mask`` from it at the top of their
 EAGLE (v1) model module, which ``import speculators`` loads: ModuleNotFoundError.
-vLLM 0.24.0 to 0.30.0 accept any transformers >= 5.5.3 (0.29.0: >= 5.10.4), so a fresh
-install gets 5.24.
+vLLM 0.19.1 to 0.23.x accept transformers 5 and 0.24.0 to 0.30.0 any >= 5.5.3 (0.29.0:
+>= 5.10.4), so a fresh install beside speculators 0.3.0 gets 5.24 on all of them.
 
 Hidden-state extraction never builds the mask; only training the EAGLE (v1) draft
 model does. The removed module comes back as a stand-in whose function raises a
@@ -58,9 +58,10 @@ ADAPTER = Adapter(
     id=ID,
     summary=f"{REMOVED} exists again as a stand-in, so speculators imports under "
     "transformers >= 5.24",
-    upstream="transformers 5.24 (taken by vLLM 0.24.0-0.30.0's transformers>=5.5.3/5.10.4): "
-    f"{REMOVED} removed",
-    vllm=spec(">=0.24.0"),
+    upstream="transformers 5.24.0: "
+    f"{REMOVED} removed (resolved by default beside speculators 0.3.0 on vLLM 0.19.1 and "
+    "newer, and on every vLLM >= 0.24.0)",
+    vllm=None,
     speculators=spec(">=0.3,<0.5"),
     transformers=spec(">=5.24.0"),
     side=Side.BOTH,
