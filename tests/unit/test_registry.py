@@ -23,10 +23,10 @@ from speccompat import (
     State,
     UnsupportedVersionError,
     VllmNotInstalledError,
-    registry,
 )
 from speccompat.patching import _FINDER, Patcher, patched_by
-from speccompat.registry import ACTIVE_ENV, DISABLE_ENV, SKIP_ENV, Side
+from speccompat.record import Side
+from speccompat.registry import ACTIVE_ENV, DISABLE_ENV, SKIP_ENV
 
 if TYPE_CHECKING:
     from conftest import Target
@@ -556,7 +556,7 @@ def test_concurrent_apply_patches_once(
     adapter = adapter_factory("t.threads", patch=patch)
     env = env_factory()
     barrier = threading.Barrier(16)
-    reports: list[registry.Report] = []
+    reports: list[speccompat.Report] = []
     errors: list[BaseException] = []
     lock = threading.Lock()
 

@@ -13,7 +13,7 @@ import pytest
 
 from speccompat.adapters import speculators_transformers5_import as adapter
 from speccompat.patching import Patcher, patched_by
-from speccompat.registry import Side
+from speccompat.record import Side
 from speccompat.versions import spec
 
 PYDANTIC_UTILS = '''

@@ -6,7 +6,7 @@ what is there, and ``revert()`` unwinds them in reverse.
 
 from __future__ import annotations
 
-from ..registry import Adapter
+from ..record import Adapter
 from . import (
     chunked_prefill_abort,
     collective_rpc_unique_reply_rank,

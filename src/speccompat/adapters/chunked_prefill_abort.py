@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..patching import Patcher
-from ..registry import Adapter, Side
+from ..record import Adapter, Side
 from ..targets import GENERATOR, require_in_source, wrap_factory
 from ..versions import spec
 

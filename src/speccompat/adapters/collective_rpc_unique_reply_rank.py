@@ -19,7 +19,7 @@ from typing import Any
 from .. import guards, teardown
 from ..errors import WorkerFailedError
 from ..patching import Patcher
-from ..registry import Adapter, Side
+from ..record import Adapter, Side
 from ..rpc import collective_rpc
 from ..targets import GENERATOR, Proxy, SourceDef, source_def, wrap_factory
 from ..versions import spec

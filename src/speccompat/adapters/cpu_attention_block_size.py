@@ -15,7 +15,7 @@ import re
 from types import ModuleType
 
 from ..patching import Patcher
-from ..registry import Adapter, Side
+from ..record import Adapter, Side
 from ..targets import GENERATOR, module_source, require_in_source
 from ..versions import spec
 

@@ -13,7 +13,7 @@ import importlib.machinery
 import types
 
 from ..patching import Patcher
-from ..registry import Adapter, Side
+from ..record import Adapter, Side
 from ..targets import GENERATOR, require_in_source
 from ..versions import spec
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ..patching import Patcher
-from ..registry import Adapter, Side
+from ..record import Adapter, Side
 from ..targets import require_in_source
 from ..versions import spec
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..patching import Patcher
-from ..registry import Adapter, Side
+from ..record import Adapter, Side
 from ..targets import GENERATOR, require_in_source
 from ..versions import spec
 

@@ -16,7 +16,7 @@ import importlib
 from types import ModuleType
 
 from ..patching import Patcher
-from ..registry import Adapter, Side
+from ..record import Adapter, Side
 from ..targets import GENERATOR, module_source, require_in_source
 from ..versions import spec
 

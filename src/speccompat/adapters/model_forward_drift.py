@@ -26,7 +26,7 @@ from typing import Any
 from .. import shm
 from ..capture import LayerCapture
 from ..patching import Patcher
-from ..registry import Adapter, Side
+from ..record import Adapter, Side
 from ..targets import WORKER_EXTENSION, require_in_source
 from ..versions import spec
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 
 from ..patching import Patcher
-from ..registry import Adapter, Side
+from ..record import Adapter, Side
 from ..targets import GENERATOR, module_source, with_defaults
 from ..versions import spec
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..patching import Patcher
-from ..registry import Adapter, Side
+from ..record import Adapter, Side
 from ..targets import GENERATOR, source_def
 from ..versions import spec
 

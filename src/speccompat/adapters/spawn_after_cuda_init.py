@@ -20,7 +20,7 @@ from typing import Any
 
 from ..errors import SpeccompatWarning
 from ..patching import Patcher
-from ..registry import Adapter, Side
+from ..record import Adapter, Side
 from ..targets import GENERATOR, require_in_source
 from ..versions import spec
 

@@ -24,7 +24,7 @@ from types import ModuleType
 from typing import Any
 
 from ..patching import Patcher
-from ..registry import Adapter, Side
+from ..record import Adapter, Side
 from ..targets import module_source, require_in_source
 from ..versions import spec
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import SpeccompatError
 from ..patching import Patcher
-from ..registry import Adapter, Side
+from ..record import Adapter, Side
 from ..targets import module_source, require_in_source
 from ..versions import spec
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..patching import Patcher
-from ..registry import Adapter, Side
+from ..record import Adapter, Side
 from ..targets import GENERATOR, Proxy, require_in_source, source_def, wrap_factory
 from ..versions import spec
 
