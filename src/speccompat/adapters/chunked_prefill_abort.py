@@ -15,7 +15,7 @@ from ..record import Adapter, Side
 from ..targets import GENERATOR, require_in_source, wrap_factory
 from ..versions import spec
 
-ID = "speculators.generator.abort_mid_prefill"
+ID = "vllm.chunked_prefill_abort"
 
 
 def _abort_after_prefill(scheduler: Any) -> Any:

@@ -24,8 +24,8 @@ from ..rpc import collective_rpc
 from ..targets import GENERATOR, Proxy, SourceDef, source_def, wrap_factory
 from ..versions import spec
 
-ID = "vllm.collective_rpc.unique_reply_rank"
-ID_V04 = "vllm.collective_rpc.unique_reply_rank.speculators_0_4"
+ID = "vllm.collective_rpc_unique_reply_rank"
+ID_V04 = "vllm.collective_rpc_unique_reply_rank.speculators_0_4"
 
 
 class BareReplyExecutor(Proxy):

@@ -19,7 +19,7 @@ from ..record import Adapter, Side
 from ..targets import GENERATOR, module_source, require_in_source
 from ..versions import spec
 
-ID = "vllm.platform.cpu_attention_block_size"
+ID = "vllm.cpu_attention_block_size"
 CPU_ATTENTION = "vllm.v1.attention.backends.cpu_attn"
 _MULTIPLE = re.compile(r"return \[MultipleOf\((\d+)\)\]")
 

@@ -18,7 +18,7 @@ from ..record import Adapter, Side
 from ..targets import GENERATOR, Proxy, module_source
 from ..versions import spec
 
-ID = "vllm.platform.cpu_has_no_cuda_mem_get_info"
+ID = "vllm.cpu_mem_get_info"
 _GIB = 1 << 30
 
 

@@ -17,8 +17,8 @@ from ..record import Adapter, Side
 from ..targets import GENERATOR, Proxy, source_def, wrap_factory
 from ..versions import spec
 
-ID = "vllm.executor.sample_tokens_required"
-ID_V04 = "vllm.executor.sample_tokens_required.speculators_0_4"
+ID = "vllm.execute_model_sample_tokens"
+ID_V04 = "vllm.execute_model_sample_tokens.speculators_0_4"
 
 
 class SamplingStepExecutor(Proxy):

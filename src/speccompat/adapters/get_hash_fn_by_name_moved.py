@@ -17,7 +17,7 @@ from ..record import Adapter, Side
 from ..targets import GENERATOR, require_in_source
 from ..versions import spec
 
-ID = "vllm.utils.get_hash_fn_by_name_moved"
+ID = "vllm.get_hash_fn_by_name_moved"
 MODULE = "vllm.utils.hashing"
 IMPORT = "from vllm.utils.hashing import get_hash_fn_by_name"
 

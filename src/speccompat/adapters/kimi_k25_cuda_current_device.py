@@ -17,7 +17,7 @@ from ..record import Adapter, Side
 from ..targets import Proxy, require_in_source
 from ..versions import spec
 
-ID = "vllm.model.kimi_k25.cuda_current_device"
+ID = "vllm.kimi_k25_cuda_current_device"
 KIMI_K25 = "vllm.model_executor.models.kimi_k25"
 RAW_LINE = "self.device = torch.cuda.current_device()"
 

@@ -20,7 +20,7 @@ from ..record import Adapter, Side
 from ..targets import require_in_source
 from ..versions import spec
 
-ID = "vllm.model.kimi_k25.unfused_qkv_a_proj"
+ID = "vllm.kimi_k25_unfused_qkv_a_proj"
 KIMI_K25 = "vllm.model_executor.models.kimi_k25"
 RAW_MAPPING = '(".fused_qkv_a_proj", ".q_a_proj", 0)'
 # Kimi's own renaming of the text model's checkpoint names (its _KEYS_TO_MODIFY_MAPPING).

@@ -19,7 +19,7 @@ from ..record import Adapter, Side
 from ..targets import GENERATOR, require_in_source
 from ..versions import spec
 
-ID = "vllm.engine.kv_cache_layout_resolution"
+ID = "vllm.kv_cache_layout_resolution"
 RESOLVER = "vllm.v1.attention.backends.utils"
 
 

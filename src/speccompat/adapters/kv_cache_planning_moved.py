@@ -20,7 +20,7 @@ from ..record import Adapter, Side
 from ..targets import GENERATOR, module_source, require_in_source
 from ..versions import spec
 
-ID = "vllm.kv_cache_utils.planning_helpers_moved"
+ID = "vllm.kv_cache_planning_moved"
 OLD = "vllm.v1.core.kv_cache_utils"
 NEW = "vllm.v1.core.kv_cache_planning"
 MOVED = ("_get_kv_cache_groups_uniform_spec", "get_kv_cache_config_from_groups",

@@ -30,8 +30,8 @@ from ..record import Adapter, Side
 from ..targets import WORKER_EXTENSION, require_in_source
 from ..versions import spec
 
-ID = "vllm.model.forward_drift"
-ID_V04 = "vllm.model.forward_drift.speculators_0_4"
+ID = "vllm.model_forward_drift"
+ID_V04 = "vllm.model_forward_drift.speculators_0_4"
 
 
 def _setup_for(adapter_id: str) -> Callable[[Any, list[int]], None]:

@@ -16,7 +16,7 @@ from ..record import Adapter, Side
 from ..targets import GENERATOR, module_source, with_defaults
 from ..versions import spec
 
-ID = "vllm.cache_config.prefix_caching_default_on"
+ID = "vllm.prefix_caching_default_on"
 
 
 _DEFAULT = re.compile(r"^    enable_prefix_caching: [^=\n]+= (\w+)", re.MULTILINE)

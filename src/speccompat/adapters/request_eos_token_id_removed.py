@@ -17,7 +17,7 @@ from ..record import Adapter, Side
 from ..targets import GENERATOR, source_def
 from ..versions import spec
 
-ID = "vllm.request.eos_token_id_removed"
+ID = "vllm.request_eos_token_id_removed"
 
 
 def _eos_on_sampling_params(original: Callable[..., Any]) -> Callable[..., Any]:

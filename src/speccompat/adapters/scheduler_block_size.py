@@ -18,8 +18,8 @@ from ..record import Adapter, Side
 from ..targets import GENERATOR, source_def, with_defaults
 from ..versions import spec
 
-ID = "vllm.scheduler.block_size_required"
-ID_V04 = "vllm.scheduler.block_size_required.speculators_0_4"
+ID = "vllm.scheduler_block_size"
+ID_V04 = "vllm.scheduler_block_size.speculators_0_4"
 
 
 def _block_size(kwargs: dict[str, Any]) -> int:

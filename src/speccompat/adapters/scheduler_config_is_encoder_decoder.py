@@ -14,7 +14,7 @@ from ..record import Adapter, Side
 from ..targets import GENERATOR, module_source, with_defaults
 from ..versions import spec
 
-ID = "vllm.scheduler_config.is_encoder_decoder_required"
+ID = "vllm.scheduler_config_is_encoder_decoder"
 
 
 _REQUIRED_FIELD = re.compile(r"^    is_encoder_decoder: InitVar\[bool\]\s*$", re.MULTILINE)

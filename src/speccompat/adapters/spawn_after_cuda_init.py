@@ -24,7 +24,7 @@ from ..record import Adapter, Side
 from ..targets import GENERATOR, require_in_source
 from ..versions import spec
 
-ID = "vllm.executor.spawn_after_cuda_init"
+ID = "vllm.spawn_after_cuda_init"
 METHOD_ENV = "VLLM_WORKER_MULTIPROC_METHOD"
 
 

@@ -17,7 +17,7 @@ from ..record import Adapter, Side
 from ..targets import GENERATOR, Proxy, require_in_source, source_def, wrap_factory
 from ..versions import spec
 
-ID = "vllm.executor.warm_up_not_in_initialize"
+ID = "vllm.warm_up_not_in_initialize"
 
 
 class WarmingUpExecutor(Proxy):

@@ -28,7 +28,7 @@ from ..record import Adapter, Side
 from ..targets import module_source, require_in_source
 from ..versions import spec
 
-ID = "speculators.config.transformers5_torch_annotation"
+ID = "transformers.config_dtype_annotation"
 PYDANTIC_UTILS = "speculators.utils.pydantic_utils"
 TRANSFORMERS_CONFIG = "transformers.configuration_utils"
 _DTYPE_FIELD = re.compile(r"^    dtype: .*torch\.dtype", re.MULTILINE)

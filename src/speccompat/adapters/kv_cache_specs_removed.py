@@ -17,8 +17,8 @@ from ..record import Adapter, Side
 from ..targets import GENERATOR, source_def
 from ..versions import spec
 
-ID = "vllm.kv_cache_utils.kv_cache_specs_removed"
-ID_V04 = "vllm.kv_cache_utils.kv_cache_specs_removed.speculators_0_4"
+ID = "vllm.kv_cache_specs_removed"
+ID_V04 = "vllm.kv_cache_specs_removed.speculators_0_4"
 
 
 def _without_specs(original: Callable[..., Any]) -> Callable[..., Any]:

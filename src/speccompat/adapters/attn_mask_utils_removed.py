@@ -20,7 +20,7 @@ from ..record import Adapter, Side
 from ..targets import module_source, require_in_source
 from ..versions import spec
 
-ID = "transformers.modeling_attn_mask_utils_removed"
+ID = "transformers.attn_mask_utils_removed"
 REMOVED = "transformers.modeling_attn_mask_utils"
 CONSUMER = "speculators.models.eagle"
 
