@@ -50,10 +50,10 @@ class Adapter:
 
     id: str
     summary: str
-    why: str = ""
-    how: str = ""
+    why: str
+    how: str
     upstream: str
-    upstream_ref: str = ""
+    upstream_ref: str
     speculators: SpecifierSet | None
     side: Side
     probe: Callable[[], str | None]

@@ -50,7 +50,13 @@ ADAPTER = Adapter(
     id=ID,
     summary=f"{OLD} keeps the KV-cache planning helpers speculators imports from it, as "
     f"aliases of {NEW}'s",
+    why="without it importing speculators' generator raises ImportError, and so does the worker "
+    "extension, which imports the generator",
+    how="adds the moved names back to vllm.v1.core.kv_cache_utils as aliases of "
+    "vllm.v1.core.kv_cache_planning's",
     upstream=f"vLLM 0.33.0: {', '.join(MOVED)} moved to {NEW}",
+    upstream_ref="none found: the helpers first live in kv_cache_planning in the vLLM 0.33.0 "
+    "wheel; vLLM PR #42309 proposes this extraction but was open when last seen",
     vllm=spec(">=0.33.0"),
     speculators=spec(">=0.3,<0.5"),
     side=Side.BOTH,
