@@ -90,6 +90,7 @@ def test_transformers_of_a_cell(vllm: str, speculators: str, variant: str,
 
 @pytest.mark.parametrize("adapter", speccompat.catalogue(), ids=lambda a: a.id)
 def test_every_record_is_complete(adapter: Adapter) -> None:
+    assert re.fullmatch(r"[a-z0-9_]+(\.[a-z0-9_]+)+", adapter.id), adapter.id
     for name in ("summary", "why", "how", "upstream", "upstream_ref", "remove_when"):
         value = getattr(adapter, name)
         assert isinstance(value, str) and value.strip(), f"{adapter.id}: empty {name}"

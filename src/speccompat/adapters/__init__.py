@@ -1,5 +1,10 @@
 """The adapter catalogue: one module per upstream behaviour, named after it.
 
+A record's id is ``<cause>.<module>``: the lower-case package whose release brought the
+behaviour (``vllm`` or ``transformers``) and the module's file name; a speculators 0.4.0
+mirror kept in the same module adds ``.speculators_0_4``. Each module has its contract
+test in ``tests/contract/test_<module>.py``.
+
 Order matters only where two adapters wrap the same consumer name; each wraps
 what is there, and ``revert()`` unwinds them in reverse.
 """
