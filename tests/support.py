@@ -277,12 +277,12 @@ def import_fixes() -> list[str]:
     vLLM 0.11.0 for speculators 0.4.0, vLLM 0.33.0's moved helpers): for tests that import
     it in this process without being about those adapters."""
     from speccompat.adapters import (
+        attn_mask_utils_removed,
+        config_dtype_annotation,
         get_hash_fn_by_name_moved,
         kv_cache_planning_moved,
-        speculators_transformers5_import,
-        transformers_attn_mask_utils_removed,
     )
 
     return [m.ID for m in (get_hash_fn_by_name_moved, kv_cache_planning_moved,
-                           speculators_transformers5_import, transformers_attn_mask_utils_removed)
+                           config_dtype_annotation, attn_mask_utils_removed)
             if adapter_applies(m.ID)[0] and m.ADAPTER.probe() is None]

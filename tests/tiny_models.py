@@ -335,9 +335,9 @@ def build_kimi_k25(
     (``<|media_pad|>`` is ``KIMI_MEDIA_PAD_ID``). vLLM CPU settings as for
     :func:`build_deepseek_v3`. vLLM 0.15.x's CPU build loads it only with speccompat applied
     (vLLM 0.16.0 fixed both upstream): Kimi's ``__init__`` calls ``torch.cuda.current_device()``
-    (adapter ``vllm.model.kimi_k25.cuda_current_device``) and its ``load_weights`` maps
+    (adapter ``vllm.kimi_k25_cuda_current_device``) and its ``load_weights`` maps
     ``q_a_proj`` to ``fused_qkv_a_proj``, which the ``VLLM_MLA_DISABLE=1`` attention lacks
-    (adapter ``vllm.model.kimi_k25.unfused_qkv_a_proj``).
+    (adapter ``vllm.kimi_k25_unfused_qkv_a_proj``).
 
     ``text_model`` replaces the built language model with a DeepseekV3 folder of width
     ``hidden`` (e.g. one with the real MLA head shapes the CUDA kernels need).

@@ -26,18 +26,9 @@ from .layers import (
     to_speculators_ids,
     to_vllm_aux_ids,
 )
-from .registry import (
-    Adapter,
-    Outcome,
-    Report,
-    Side,
-    State,
-    active,
-    apply,
-    catalogue,
-    report,
-    revert,
-)
+from .outcomes import Outcome, Report, State
+from .record import Adapter, Side
+from .registry import active, apply, catalogue, report, revert
 from .rpc import collective_rpc
 from .versions import Environment, Package, detect
 

@@ -4,13 +4,27 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import warnings
 from collections.abc import Sequence
+from importlib import metadata
 from pathlib import Path
 
 from . import matrix, registry, verify
+from .record import Adapter
 from .versions import detect
+
+# 128 + SIGPIPE, what a shell reports for a command whose reader went away (`... | head`).
+EXIT_CLOSED_PIPE = 141
+EXIT_CODES = f"""\
+exit codes:
+  doctor    0 the installed pair is supported and every selected adapter applied; 1 otherwise
+  matrix    0
+  adapters  0
+  verify    0 every file passes; 1 any failure (a bad file, a gap, no file); 2 without torch
+  any       2 on a usage error; {EXIT_CLOSED_PIPE} when the output pipe closed early (`| head`)
+"""
 
 
 def doctor(as_json: bool) -> int:
@@ -46,26 +60,43 @@ def show_matrix(as_json: bool) -> int:
     return 0
 
 
-def show_adapters(markdown: bool) -> int:
+def show_adapters(markdown: bool, as_json: bool) -> int:
     """The adapter catalogue, generated from the records themselves."""
     adapters = registry.catalogue()
-    if not markdown:
+    if as_json:
+        print(json.dumps([a.as_dict() for a in adapters], indent=2))
+    elif markdown:
+        print(adapters_markdown(adapters), end="")
+    else:
         for a in adapters:
             spec = ("any speculators" if a.speculators is None
                     else f"speculators {a.speculators}")
             print(f"{a.id}\n    {a.summary}\n    selected by {a.cause} {a.cause_specifier}; "
                   f"{spec}; {a.side.value} side")
-            print(f"    upstream: {a.upstream}\n    remove when: {a.remove_when}")
-        return 0
-    print("| adapter | what it normalizes | upstream change | selected by | speculators | side |"
-          " remove when |")
-    print("|---|---|---|---|---|---|---|")
+            print(f"    why: {a.why}\n    how: {a.how}")
+            print(f"    upstream: {a.upstream}\n    upstream reference: {a.upstream_ref}")
+            print(f"    remove when: {a.remove_when}")
+    return 0
+
+
+MARKDOWN_COLUMNS = ("adapter", "what it normalizes", "upstream change", "selected by",
+                    "speculators", "side", "remove when", "why", "how", "upstream reference")
+
+
+def adapters_markdown(adapters: Sequence[Adapter]) -> str:
+    """The catalogue as one Markdown table, every field of every record: docs/adapters.md."""
+
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(MARKDOWN_COLUMNS) + " |",
+             "|" + "---|" * len(MARKDOWN_COLUMNS)]
     for a in adapters:
         spec = str(a.speculators) if a.speculators is not None else "any"
-        print(f"| `{a.id}` | {a.summary} | {a.upstream} | {a.cause} `{a.cause_specifier}` |"
-              f" `{spec}` |"
-              f" {a.side.value} | {a.remove_when} |")
-    return 0
+        row = (f"`{a.id}`", a.summary, a.upstream, f"{a.cause} `{a.cause_specifier}`",
+               f"`{spec}`", a.side.value, a.remove_when, a.why, a.how, a.upstream_ref)
+        lines.append("| " + " | ".join(cell(c) for c in row) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def verify_outputs(directory: Path, model: Path | None, as_json: bool) -> int:
@@ -79,15 +110,28 @@ def verify_outputs(directory: Path, model: Path | None, as_json: bool) -> int:
     return 0 if report.ok else 1
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="speccompat", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    p_doctor = sub.add_parser("doctor", help="environment, support verdict, every adapter's state")
-    p_doctor.add_argument("--json", action="store_true")
-    p_matrix = sub.add_parser("matrix", help="the supported (vLLM, speculators) cells")
-    p_matrix.add_argument("--json", action="store_true")
-    p_adapters = sub.add_parser("adapters", help="the adapter catalogue")
-    p_adapters.add_argument("--markdown", action="store_true")
+def parser() -> argparse.ArgumentParser:
+    formatter = argparse.RawDescriptionHelpFormatter
+    root = argparse.ArgumentParser(prog="speccompat", description=__doc__, epilog=EXIT_CODES,
+                                   formatter_class=formatter)
+    root.add_argument("--version", action="version",
+                      version=f"%(prog)s {metadata.version('speccompat')}")
+    sub = root.add_subparsers(dest="command", required=True)
+    p_doctor = sub.add_parser(
+        "doctor", help="environment, support verdict, every adapter's state",
+        description="Apply the adapters in this process and report every adapter's state. "
+        "Exit 0 only if the installed pair is supported and every selected adapter applied; "
+        "1 otherwise.")
+    p_doctor.add_argument("--json", action="store_true", help="machine-readable output")
+    p_matrix = sub.add_parser("matrix", help="the supported (vLLM, speculators) cells",
+                              description="The supported matrix. Exit 0.")
+    p_matrix.add_argument("--json", action="store_true", help="machine-readable output")
+    p_adapters = sub.add_parser("adapters", help="the adapter catalogue",
+                                description="Every adapter record. Exit 0.")
+    form = p_adapters.add_mutually_exclusive_group()
+    form.add_argument("--markdown", action="store_true",
+                      help="one Markdown table (docs/adapters.md is this output)")
+    form.add_argument("--json", action="store_true", help="machine-readable output")
     p_verify = sub.add_parser(
         "verify", help="check hidden-state extraction outputs in DIR",
         description="Check hidden-state extraction outputs: speculators 0.3/0.4 data_{i}.pt "
@@ -99,14 +143,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_verify.add_argument("--model", metavar="MODEL_DIR", type=Path, default=None,
                           help="the target model (its config.json gives the hidden size)")
     p_verify.add_argument("--json", action="store_true", help="machine-readable output")
-    args = parser.parse_args(argv)
+    return root
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        code = _run(args)
+        sys.stdout.flush()  # here, not at exit: a closed pipe is then caught below
+    except BrokenPipeError:
+        # The reader went away (`python -m speccompat matrix | head -1`): stop quietly, and
+        # point stdout at /dev/null so the interpreter's own flush at exit does not fail too.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_CLOSED_PIPE
+    return code
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.command == "verify":
         return verify_outputs(args.directory, args.model, args.json)
     if args.command == "doctor":
         return doctor(args.json)
     if args.command == "matrix":
         return show_matrix(args.json)
-    return show_adapters(args.markdown)
+    return show_adapters(args.markdown, args.json)
 
 
 if __name__ == "__main__":

@@ -46,7 +46,8 @@ BOTH_TRANSFORMERS_MAJORS: frozenset[str] = frozenset({
 # other: speculators 0.3.0 sets no bound, so pip resolves the newest 5.x and the variant
 # is 4.57.6; 0.4.0 pins transformers<=4.57.6, so the variant is the newest 5.x vLLM allows
 # (a user who upgraded transformers for another package). "5" means the newest 5.x.
-TRANSFORMERS_VARIANTS: dict[str, str] = {"0.3.0": "4.57.6", "0.4.0": "5"}
+NEWEST_TRANSFORMERS_4 = "4.57.6"  # what every vLLM up to 0.19.0 resolves
+TRANSFORMERS_VARIANTS: dict[str, str] = {"0.3.0": NEWEST_TRANSFORMERS_4, "0.4.0": "5"}
 # The newest transformers release a cell was proven with: a newer one is reported by
 # ``doctor`` (adapters whose probes confirm the upstream shape still apply).
 NEWEST_TRANSFORMERS_PROVEN = "5.24.0"
@@ -133,6 +134,23 @@ def _cells() -> tuple[Cell, ...]:
 
 
 CELLS: tuple[Cell, ...] = _cells()
+
+
+def transformers_of(cell: Cell) -> str:
+    """The transformers release a cell runs with: its variant's pin, else what the resolver
+    gives. Releases older than the first that accepts both majors get 4.x (4.57.6); on
+    those that accept both, a default cell has the other major than its variant; newer ones
+    require 5.x. "5" and the resolver's 5.x stand for ``NEWEST_TRANSFORMERS_PROVEN``."""
+    if "." in cell.transformers:
+        return cell.transformers
+    if cell.transformers:  # a major: its newest release
+        return NEWEST_TRANSFORMERS_PROVEN
+    if Version(cell.vllm) < min(Version(v) for v in BOTH_TRANSFORMERS_MAJORS):
+        return NEWEST_TRANSFORMERS_4
+    if (cell.vllm in BOTH_TRANSFORMERS_MAJORS
+            and TRANSFORMERS_VARIANTS[cell.speculators] != NEWEST_TRANSFORMERS_4):
+        return NEWEST_TRANSFORMERS_4
+    return NEWEST_TRANSFORMERS_PROVEN
 
 
 def vllm_releases() -> list[str]:

@@ -13,6 +13,7 @@ import json
 import logging
 
 from . import registry
+from .record import Side
 
 log = logging.getLogger("speccompat")
 
@@ -29,7 +30,7 @@ def requested() -> list[str]:
     except json.JSONDecodeError:
         ids = None
     if not isinstance(ids, list):
-        log.warning("speccompat: ignoring malformed %s=%r", registry.ACTIVE_ENV, raw)
+        log.warning("ignoring malformed %s=%r", registry.ACTIVE_ENV, raw)
         return []
     return [i for i in ids if isinstance(i, str)]
 
@@ -41,7 +42,7 @@ def load() -> None:
     known = {a.id for a in registry.catalogue()}
     report = registry.apply(
         only=[i for i in ids if i in known],
-        sides=(registry.Side.WORKER, registry.Side.BOTH),
+        sides=(Side.WORKER, Side.BOTH),
         judge_support=False,
     )
-    log.debug("speccompat plugin: active here: %s", ", ".join(report.applied) or "none")
+    log.debug("plugin: active here: %s", ", ".join(report.applied) or "none")

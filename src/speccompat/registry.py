@@ -1,26 +1,27 @@
-"""The adapter record, selection, the per-process applied state, and the report.
+"""Selection of the catalogued adapters, and the per-process applied state.
 
-Selection: an adapter's specifiers say *when* it should apply; its probe
-confirms the upstream code looks as expected. When the two disagree the report
-says so, and ``strict=True`` raises.
+The record is ``record.Adapter``, the report ``outcomes.Report``, the catalogue
+``adapters.ADAPTERS``. Selection: an adapter's specifiers say *when* it should apply;
+its probe confirms the upstream code looks as expected. When the two disagree the
+report says so, and ``strict=True`` raises.
 """
 
 from __future__ import annotations
 
-import enum
 import json
 import logging
 import os
+import sys
 import threading
 import warnings
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-
-from packaging.specifiers import SpecifierSet
+from collections.abc import Iterable, Sequence
 
 from . import matrix
+from .adapters import ADAPTERS
 from .errors import AdapterError, SpeccompatWarning, UnsupportedVersionError, VllmNotInstalledError
+from .outcomes import Outcome, Report, State
 from .patching import Patcher
+from .record import Adapter, Side
 from .versions import Environment, detect
 
 log = logging.getLogger("speccompat")
@@ -29,142 +30,6 @@ DISABLE_ENV = "SPECCOMPAT_DISABLE"
 SKIP_ENV = "SPECCOMPAT_SKIP"
 # How the parent's choice reaches vLLM's spawned processes (read by plugin.py).
 ACTIVE_ENV = "SPECCOMPAT_ACTIVE"
-
-
-class Side(str, enum.Enum):
-    """Which vLLM process an adapter patches."""
-
-    DRIVER = "driver"  # the process that drives the executor (speculators' generator)
-    WORKER = "worker"  # vLLM's worker processes (model forward, worker extensions)
-    BOTH = "both"
-
-
-class State(str, enum.Enum):
-    APPLIED = "applied"
-    NOT_NEEDED = "not needed"
-    UNSUPPORTED = "unsupported"
-    SKIPPED = "skipped"
-    FAILED = "failed"
-
-
-@dataclass(frozen=True)
-class Adapter:
-    """One upstream behaviour that speccompat normalizes.
-
-    ``probe`` inspects the installed upstream code without changing it and
-    returns ``None`` when it has the shape this adapter expects, or a sentence
-    saying what it found instead. ``patch`` makes the change through the given
-    ``Patcher``, which is what makes ``revert`` exact.
-
-    Selection follows the cause: ``vllm`` is set for behaviours that came with a vLLM
-    release, ``transformers`` for those that came with a transformers release (and then
-    ``vllm`` stays ``None``: which vLLM a resolver pairs with that transformers is not the
-    cause). ``speculators`` narrows either to the consumer it adapts.
-    """
-
-    id: str
-    summary: str
-    upstream: str
-    vllm: SpecifierSet | None
-    speculators: SpecifierSet | None
-    side: Side
-    probe: Callable[[], str | None]
-    patch: Callable[[Patcher], None]
-    remove_when: str
-    why: str = ""
-    # For behaviours that come with a transformers release rather than a vLLM one.
-    transformers: SpecifierSet | None = None
-
-    def __post_init__(self) -> None:
-        if (self.vllm is None) == (self.transformers is None):
-            raise ValueError(f"adapter {self.id}: select by exactly one causing package "
-                             "(vllm= or transformers=)")
-
-    @property
-    def cause(self) -> str:
-        """The package whose release brought the behaviour: the one that selects it."""
-        return "vLLM" if self.vllm is not None else "transformers"
-
-    @property
-    def cause_specifier(self) -> SpecifierSet:
-        selector = self.vllm if self.vllm is not None else self.transformers
-        assert selector is not None  # __post_init__ guarantees one
-        return selector
-
-    def wants(self, env: Environment) -> tuple[bool, str]:
-        """Whether the installed versions are ones this adapter is for, and why (not): the
-        reason names the deciding package and its installed version."""
-        if env.vllm is None:
-            return False, "vLLM is not installed"
-        if self.vllm is not None and env.vllm.version not in self.vllm:
-            return False, f"vLLM {env.vllm.version} is outside {self.vllm}"
-        if self.transformers is not None:
-            if env.transformers is None:
-                return False, "transformers is not installed"
-            if env.transformers.version not in self.transformers:
-                return False, (f"transformers {env.transformers.version} is outside "
-                               f"{self.transformers}")
-        if self.speculators is not None:
-            if env.speculators is None:
-                return False, "speculators is not installed"
-            if env.speculators.version not in self.speculators:
-                return False, f"speculators {env.speculators.version} is outside {self.speculators}"
-        if self.transformers is not None:
-            assert env.transformers is not None
-            return True, f"transformers {env.transformers.version} is in {self.transformers}"
-        return True, f"vLLM {env.vllm.version} is in {self.vllm}"
-
-
-@dataclass(frozen=True)
-class Outcome:
-    adapter: str
-    state: State
-    reason: str
-    side: Side
-
-    def as_dict(self) -> dict[str, str]:
-        return {"id": self.adapter, "state": self.state.value, "reason": self.reason,
-                "side": self.side.value}
-
-
-@dataclass(frozen=True)
-class Report:
-    """What ``apply()`` did, per adapter, and whether the installed pair is supported."""
-
-    environment: Environment
-    support: matrix.Support
-    outcomes: tuple[Outcome, ...] = field(default_factory=tuple)
-
-    @property
-    def ok(self) -> bool:
-        return self.support.supported and not any(
-            o.state in (State.FAILED, State.UNSUPPORTED) for o in self.outcomes
-        )
-
-    @property
-    def applied(self) -> tuple[str, ...]:
-        return tuple(o.adapter for o in self.outcomes if o.state is State.APPLIED)
-
-    def state_of(self, adapter_id: str) -> State:
-        for o in self.outcomes:
-            if o.adapter == adapter_id:
-                return o.state
-        raise KeyError(adapter_id)
-
-    def as_dict(self) -> dict[str, object]:
-        return {
-            "environment": self.environment.as_dict(),
-            "supported": self.support.supported,
-            "support": self.support.message,
-            "ok": self.ok,
-            "adapters": [o.as_dict() for o in self.outcomes],
-        }
-
-    def __str__(self) -> str:
-        lines = [self.environment.describe(), self.support.message]
-        width = max((len(o.adapter) for o in self.outcomes), default=0)
-        lines += [f"  {o.adapter:<{width}}  {o.state.value:<11}  {o.reason}" for o in self.outcomes]
-        return "\n".join(lines)
 
 
 class _Applied:
@@ -180,8 +45,7 @@ _STATE = _Applied()
 
 
 def catalogue() -> tuple[Adapter, ...]:
-    from .adapters import ADAPTERS
-
+    """Every adapter record, in the order ``apply()`` patches them."""
     return ADAPTERS
 
 
@@ -300,7 +164,6 @@ def _apply_one(
         patcher.revert()
         if strict:
             raise AdapterError(adapter.id, f"patch failed: {exc!r}") from exc
-        log.warning("speccompat: adapter %s failed to apply: %r", adapter.id, exc)
         return outcome(State.FAILED, f"patch failed: {exc!r}")
     _STATE.patchers[adapter.id] = patcher
     waiting = f"; patches {', '.join(patcher.waiting_for)} on import" if patcher.waiting_for else ""
@@ -317,20 +180,35 @@ def _probe(adapter: Adapter) -> str | None:
 def _disagree(adapter: Adapter, message: str, strict: bool) -> None:
     if strict:
         raise AdapterError(adapter.id, message)
-    warnings.warn(f"speccompat: adapter {adapter.id}: {message}", SpeccompatWarning, stacklevel=4)
+    _warn(f"adapter {adapter.id}: {message}")
 
 
 def _judge_support(env: Environment, support: matrix.Support, strict: bool) -> None:
     if env.vllm is None:
         if strict:
             raise VllmNotInstalledError()
-        log.warning("speccompat: vLLM is not installed; nothing to adapt")
+        log.warning("vLLM is not installed; nothing to adapt")
         return
     if support.supported:
         return
     if strict:
         raise UnsupportedVersionError(support.found, support.supported_text, support.advice)
-    warnings.warn(f"speccompat: {support.message}", SpeccompatWarning, stacklevel=4)
+    _warn(support.message)
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _warn(message: str) -> None:
+    """A ``SpeccompatWarning`` attributed to the first caller outside speccompat: the
+    line that called ``speccompat.apply()``, however deep inside the package it is raised."""
+    frame = sys._getframe(0)
+    level = 1  # stacklevel 1 is this function's own frame
+    while frame.f_back is not None and os.path.abspath(
+            frame.f_code.co_filename).startswith(_PACKAGE_DIR):
+        frame = frame.f_back
+        level += 1
+    warnings.warn(message, SpeccompatWarning, stacklevel=level)
 
 
 def _publish_active() -> None:
@@ -343,10 +221,13 @@ def _publish_active() -> None:
 
 
 def _remember(report: Report) -> Report:
+    """Keep the report and log each outcome once: a failure as a warning, the rest as debug."""
     _STATE.last = report
     for o in report.outcomes:
-        level = logging.WARNING if o.state is State.FAILED else logging.DEBUG
-        log.log(level, "speccompat: %s %s (%s)", o.adapter, o.state.value, o.reason)
+        if o.state is State.FAILED:
+            log.warning("adapter %s failed to apply: %s", o.adapter, o.reason)
+        else:
+            log.debug("adapter %s %s (%s)", o.adapter, o.state.value, o.reason)
     return report
 
 

@@ -23,17 +23,17 @@ def generator_module() -> ModuleType:
 
     import speccompat
     from speccompat.adapters import (
+        attn_mask_utils_removed,
+        config_dtype_annotation,
         get_hash_fn_by_name_moved,
         kv_cache_planning_moved,
-        speculators_transformers5_import,
-        transformers_attn_mask_utils_removed,
     )
     from support import adapter_applies
 
     name = "speculators.data_generation.vllm_hidden_states_generator"
     enabling = [m.ID for m in (get_hash_fn_by_name_moved, kv_cache_planning_moved,
-                               speculators_transformers5_import,
-                               transformers_attn_mask_utils_removed)
+                               config_dtype_annotation,
+                               attn_mask_utils_removed)
                 if adapter_applies(m.ID)[0] and m.ADAPTER.probe() is None]
     if not enabling:
         return importlib.import_module(name)

@@ -11,18 +11,18 @@ import pytest
 
 import speccompat
 from speccompat.adapters import (
+    attn_mask_utils_removed,
+    config_dtype_annotation,
     get_hash_fn_by_name_moved,
     model_forward_drift,
-    speculators_transformers5_import,
-    transformers_attn_mask_utils_removed,
 )
 from support import adapter_applies, requires_speculators, requires_vllm
 
 pytestmark = [requires_vllm, requires_speculators]
 EXTENSION = "speculators.data_generation.custom_worker.HiddenStatesWorkerExtension"
 # Without these (where they apply) speculators' worker extension does not import at all.
-IMPORT_FIXES = (get_hash_fn_by_name_moved.ID, speculators_transformers5_import.ID,
-                transformers_attn_mask_utils_removed.ID)
+IMPORT_FIXES = (get_hash_fn_by_name_moved.ID, config_dtype_annotation.ID,
+                attn_mask_utils_removed.ID)
 
 
 def _worker_adapter() -> str:

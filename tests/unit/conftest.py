@@ -22,7 +22,7 @@ from hypothesis.configuration import set_hypothesis_home_dir
 import speccompat
 from speccompat import registry, rpc, targets
 from speccompat.patching import Patcher
-from speccompat.registry import Adapter, Side
+from speccompat.record import Adapter, Side
 from speccompat.versions import Environment, Package, spec
 
 # detect() reads every installed distribution's metadata: no per-example deadline.
@@ -117,7 +117,10 @@ def make_adapter(
     return Adapter(
         id=adapter_id,
         summary=f"synthetic adapter {adapter_id}",
+        why="unit tests need a record whose patch acts on objects they own",
+        how="the patch the test passes",
         upstream="unit tests",
+        upstream_ref="none found: a synthetic record",
         vllm=spec(vllm),
         speculators=None if speculators is None else spec(speculators),
         side=side,

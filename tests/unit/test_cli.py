@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from importlib import metadata
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import speccompat
-from speccompat import Side, cli
+from speccompat import cli
 from speccompat.rpc import collective_rpc as rpc_collective_rpc
 
 UPSTREAM = ("vllm", "torch", "speculators", "transformers")
@@ -45,21 +46,6 @@ def test_adapters_import_without_vllm(tmp_path: Path) -> None:
     count, imported = result.stdout.splitlines()
     assert int(count) == len(catalogue_ids()) > 0
     assert imported == "[]"
-
-
-def test_catalogue_records_are_well_formed() -> None:
-    adapters = speccompat.catalogue()
-    ids = [a.id for a in adapters]
-    assert len(ids) == len(set(ids)), "duplicate adapter ids"
-    for adapter in adapters:
-        assert re.fullmatch(r"[a-z0-9_]+(\.[a-z0-9_]+)+", adapter.id), adapter.id
-        assert adapter.summary and adapter.upstream and adapter.remove_when
-        assert isinstance(adapter.side, Side)
-        assert adapter.cause_specifier.prereleases is True, adapter.id
-        if adapter.speculators is not None:
-            assert adapter.speculators.prereleases is True, adapter.id
-        assert callable(adapter.probe) and callable(adapter.patch)
-    assert not [m for m in UPSTREAM if m in sys.modules]
 
 
 # --------------------------------------------------------------------------- doctor
@@ -123,14 +109,17 @@ def test_adapters_markdown(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["adapters", "--markdown"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("| adapter | what it normalizes | upstream change | selected by |")
-    assert lines[1] == "|---|---|---|---|---|---|---|"
+    assert lines[0].endswith("| remove when | why | how | upstream reference |")
+    assert lines[1] == "|---|---|---|---|---|---|---|---|---|---|"
     rows = lines[2:]
     assert len(rows) == len(catalogue_ids())
     for adapter, row in zip(speccompat.catalogue(), rows, strict=True):
         assert row.startswith(f"| `{adapter.id}` |")
         assert f"{adapter.cause} `{adapter.cause_specifier}`" in row
-        assert row.count("|") >= 8
+        assert row.count("|") >= 11
         assert adapter.side.value in row
+        for text in (adapter.summary, adapter.why, adapter.how, adapter.upstream_ref):
+            assert text in row
 
 
 def test_adapters_plain(capsys: pytest.CaptureFixture[str]) -> None:
@@ -138,7 +127,34 @@ def test_adapters_plain(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     for adapter in speccompat.catalogue():
         assert f"{adapter.id}\n    {adapter.summary}\n" in out
+        assert f"why: {adapter.why}\n    how: {adapter.how}\n" in out
+        assert f"upstream reference: {adapter.upstream_ref}\n" in out
         assert f"remove when: {adapter.remove_when}" in out
+
+
+def test_adapters_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["adapters", "--json"]) == 0
+    records = json.loads(capsys.readouterr().out)
+    assert [r["id"] for r in records] == catalogue_ids()
+    fields = {"id", "summary", "why", "how", "upstream", "upstream_ref", "cause", "vllm",
+              "transformers", "speculators", "side", "remove_when"}
+    for adapter, record in zip(speccompat.catalogue(), records, strict=True):
+        assert set(record) == fields
+        assert record["why"] == adapter.why and record["how"] == adapter.how
+        assert record["upstream_ref"] == adapter.upstream_ref
+        assert record["cause"] == adapter.cause
+        selector = "vllm" if adapter.cause == "vLLM" else "transformers"
+        assert record[selector] == str(adapter.cause_specifier)
+        for name in ("vllm", "transformers", "speculators"):
+            assert record[name] is None or isinstance(record[name], str)
+        assert record["side"] == adapter.side.value
+
+
+def test_adapters_takes_one_output_form(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as caught:
+        cli.main(["adapters", "--json", "--markdown"])
+    assert caught.value.code == 2
+    assert "not allowed with" in capsys.readouterr().err
 
 
 def test_a_command_is_required(capsys: pytest.CaptureFixture[str]) -> None:
@@ -146,6 +162,52 @@ def test_a_command_is_required(capsys: pytest.CaptureFixture[str]) -> None:
         cli.main([])
     assert caught.value.code == 2
     assert "doctor" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- conventions
+
+
+def test_version(tmp_path: Path) -> None:
+    result = run("-m", "speccompat", "--version", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"speccompat {metadata.version('speccompat')}"
+
+
+def test_help_documents_every_exit_code(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as caught:
+        cli.main(["--help"])
+    assert caught.value.code == 0
+    out = capsys.readouterr().out
+    codes = out[out.index("exit codes:"):]
+    for command in ("doctor", "matrix", "adapters", "verify"):
+        assert re.search(rf"^  {command} +0", codes, re.MULTILINE), command
+    assert str(cli.EXIT_CLOSED_PIPE) in codes and "usage error" in codes
+    for command in ("doctor", "matrix", "adapters", "verify"):
+        with pytest.raises(SystemExit):
+            cli.main([command, "--help"])
+        assert "Exit 0" in " ".join(capsys.readouterr().out.split()), command
+
+
+@pytest.mark.parametrize("args", [("matrix",), ("matrix", "--json"), ("adapters", "--json")])
+def test_a_closed_pipe_ends_quietly(tmp_path: Path, args: tuple[str, ...]) -> None:
+    # The reader is gone before the first write: the write fails every time, no race.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECCOMPAT_")}
+    proc = subprocess.Popen([sys.executable, "-m", "speccompat", *args], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == cli.EXIT_CLOSED_PIPE, err.decode()
+    assert err.decode() == ""
+
+
+def test_matrix_into_head(tmp_path: Path) -> None:
+    command = f"{shlex.quote(sys.executable)} -m speccompat matrix | head -1"
+    result = subprocess.run(["bash", "-c", command], capture_output=True, text=True,
+                            cwd=tmp_path, timeout=60, check=False)
+    assert result.returncode == 0
+    assert result.stdout.split() == ["vLLM", "speculators", "transformers", "CI", "note"]
+    assert "Traceback" not in result.stderr and "BrokenPipeError" not in result.stderr
 
 
 def test_public_api() -> None:

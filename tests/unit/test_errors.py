@@ -21,7 +21,7 @@ ERRORS = [
     UnsupportedVersionError("vLLM 0.99.0", "vLLM 0.16.0", "pin it"),
     AdapterError("vllm.some.adapter", "probe disagrees"),
     CorruptCaptureError("4 tensors [512, 7168]", "771 tensors [512]", versions="vLLM 0.16.0",
-                        adapter="vllm.collective_rpc.unique_reply_rank"),
+                        adapter="vllm.collective_rpc_unique_reply_rank"),
     WorkerFailedError("worker 0 raised"),
 ]
 

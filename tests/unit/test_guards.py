@@ -11,7 +11,7 @@ import pytest
 from speccompat import CorruptCaptureError
 from speccompat.guards import CaptureExpectation, check_layer_states, versions_text
 
-ADAPTER = "vllm.collective_rpc.unique_reply_rank"
+ADAPTER = "vllm.collective_rpc_unique_reply_rank"
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ import pytest
 import speccompat
 from speccompat import Adapter, Environment, plugin, registry
 from speccompat.patching import Patcher
-from speccompat.registry import ACTIVE_ENV, Side
+from speccompat.record import Side
+from speccompat.registry import ACTIVE_ENV
 
 if TYPE_CHECKING:
     from conftest import Target

@@ -23,10 +23,10 @@ from speccompat import (
     State,
     UnsupportedVersionError,
     VllmNotInstalledError,
-    registry,
 )
 from speccompat.patching import _FINDER, Patcher, patched_by
-from speccompat.registry import ACTIVE_ENV, DISABLE_ENV, SKIP_ENV, Side
+from speccompat.record import Side
+from speccompat.registry import ACTIVE_ENV, DISABLE_ENV, SKIP_ENV
 
 if TYPE_CHECKING:
     from conftest import Target
@@ -337,6 +337,40 @@ def test_newer_vllm_warns_but_applies(
     assert not report.ok  # applied, but not proven on this release
 
 
+# --------------------------------------------------------------------------- log and warnings
+
+
+def test_warnings_point_at_the_line_that_called_apply(
+    target: Target, env_factory: MakeEnv, adapter_factory: MakeAdapter,
+) -> None:
+    # Two warnings from two depths inside the package: the support verdict and a probe.
+    adapter = adapter_factory("t.probe", patch=Counter(target), probe=lambda: "not the shape")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = sys._getframe().f_lineno + 1
+        speccompat.apply(adapters=[adapter], environment=env_factory("0.99.0"))
+    assert len(caught) == 2, [str(w.message) for w in caught]
+    for w in caught:
+        assert issubclass(w.category, SpeccompatWarning)
+        assert (w.filename, w.lineno) == (__file__, line), str(w.message)
+        assert not str(w.message).startswith("speccompat:")
+
+
+def test_log_messages_do_not_repeat_the_logger_name(
+    target: Target, env_factory: MakeEnv, adapter_factory: MakeAdapter,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    adapters = [adapter_factory("t.ok", patch=Counter(target)),
+                adapter_factory("t.half", patch=_half_patch(target))]
+    with caplog.at_level(logging.DEBUG, logger="speccompat"):
+        speccompat.apply(adapters=adapters, environment=env_factory())
+        speccompat.apply(adapters=adapters, environment=env_factory(None, None))
+    records = [r for r in caplog.records if r.name == "speccompat"]
+    assert {"t.ok", "t.half"} <= {m for r in records for m in r.getMessage().split()}
+    for record in records:
+        assert not record.getMessage().lower().startswith("speccompat"), record.getMessage()
+
+
 def test_unsupported_pair_strict_raises(
     target: Target, env_factory: MakeEnv, adapter_factory: MakeAdapter,
 ) -> None:
@@ -399,6 +433,9 @@ def test_failing_patch_is_reverted(
     assert speccompat.active() == ()
     assert ACTIVE_ENV not in os.environ
     assert "t.half failed to apply" in caplog.text
+    failures = [r for r in caplog.records if "t.half" in r.getMessage()]
+    assert len(failures) == 1, "a failed patch is logged once"
+    assert failures[0].levelno == logging.WARNING
     assert _FINDER not in sys.meta_path
 
 
@@ -556,7 +593,7 @@ def test_concurrent_apply_patches_once(
     adapter = adapter_factory("t.threads", patch=patch)
     env = env_factory()
     barrier = threading.Barrier(16)
-    reports: list[registry.Report] = []
+    reports: list[speccompat.Report] = []
     errors: list[BaseException] = []
     lock = threading.Lock()
 

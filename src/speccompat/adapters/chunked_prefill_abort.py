@@ -11,11 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 from ..patching import Patcher
-from ..registry import Adapter, Side
+from ..record import Adapter, Side
 from ..targets import GENERATOR, require_in_source, wrap_factory
 from ..versions import spec
 
-ID = "speculators.generator.abort_mid_prefill"
+ID = "vllm.chunked_prefill_abort"
 
 
 def _abort_after_prefill(scheduler: Any) -> Any:
@@ -49,8 +49,14 @@ def _patch(patcher: Patcher) -> None:
 ADAPTER = Adapter(
     id=ID,
     summary="requests are aborted only once their whole prompt was scheduled",
+    why="a request whose prompt exceeds one step's token budget is aborted after its first chunk, "
+    "so its remaining tokens are never computed and its hidden states are cut short",
+    how="wraps the generator's Scheduler so finish_requests leaves requests whose prompt is not "
+    "fully computed yet",
     upstream="speculators 0.3.0 generate() loop (fixed in speculators 0.4.0, PR #283); "
     "chunked prefill is on by default in vLLM V1",
+    upstream_ref="speculators PR #283 (released in speculators 0.4.0) fixes the generator loop "
+    "this adapter fixes for 0.3.0; for vLLM V1's chunked prefill default none found",
     vllm=spec(">=0.10.0"),
     speculators=spec("==0.3.*"),
     side=Side.DRIVER,

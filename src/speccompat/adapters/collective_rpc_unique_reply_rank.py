@@ -19,13 +19,13 @@ from typing import Any
 from .. import guards, teardown
 from ..errors import WorkerFailedError
 from ..patching import Patcher
-from ..registry import Adapter, Side
+from ..record import Adapter, Side
 from ..rpc import collective_rpc
 from ..targets import GENERATOR, Proxy, SourceDef, source_def, wrap_factory
 from ..versions import spec
 
-ID = "vllm.collective_rpc.unique_reply_rank"
-ID_V04 = "vllm.collective_rpc.unique_reply_rank.speculators_0_4"
+ID = "vllm.collective_rpc_unique_reply_rank"
+ID_V04 = "vllm.collective_rpc_unique_reply_rank.speculators_0_4"
 
 
 class BareReplyExecutor(Proxy):
@@ -141,8 +141,14 @@ def _patch(patcher: Patcher) -> None:
 ADAPTER = Adapter(
     id=ID,
     summary="speculators 0.3.0 sees a unique reply as [result] again, and the states are checked",
+    why="speculators 0.3.0's [0] on the bare reply picks the first layer's tensor and writes "
+    "total_tokens tensors of shape [seq_len] instead of one [seq_len, hidden] per layer, with no "
+    "error",
+    how="wraps the generator's MultiprocExecutor in a view whose "
+    "collective_rpc(unique_reply_rank=r) returns [result], and checks the captured states (guards)",
     upstream="vLLM 0.11.1: MultiprocExecutor.collective_rpc returns responses[0] when "
     "unique_reply_rank is set (executor rework, PR #28012)",
+    upstream_ref="vLLM PR #28012 (executor rework, in 0.11.1)",
     vllm=spec(">=0.11.1"),
     speculators=spec("==0.3.*"),
     side=Side.DRIVER,
@@ -154,8 +160,14 @@ ADAPTER = Adapter(
 ADAPTER_V04 = Adapter(
     id=ID_V04,
     summary="speculators 0.4.0 sees a unique reply as the bare result on vLLM 0.11.0 too",
+    why="speculators 0.4.0 looks the request ids up in the reply; on vLLM 0.11.0 the reply is a "
+    "one-element list and the lookup fails (AttributeError)",
+    how="wraps the generator's MultiprocExecutor in a view whose "
+    "collective_rpc(unique_reply_rank=r) returns the bare result",
     upstream="vLLM 0.11.1: MultiprocExecutor.collective_rpc returns responses[0] when "
     "unique_reply_rank is set; speculators 0.4.0 expects that",
+    upstream_ref="vLLM PR #28012 (executor rework, in 0.11.1), whose return speculators 0.4.0 "
+    "expects",
     vllm=spec("<0.11.1"),
     speculators=spec("==0.4.*"),
     side=Side.DRIVER,

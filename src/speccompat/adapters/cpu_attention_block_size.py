@@ -15,11 +15,11 @@ import re
 from types import ModuleType
 
 from ..patching import Patcher
-from ..registry import Adapter, Side
+from ..record import Adapter, Side
 from ..targets import GENERATOR, module_source, require_in_source
 from ..versions import spec
 
-ID = "vllm.platform.cpu_attention_block_size"
+ID = "vllm.cpu_attention_block_size"
 CPU_ATTENTION = "vllm.v1.attention.backends.cpu_attn"
 _MULTIPLE = re.compile(r"return \[MultipleOf\((\d+)\)\]")
 
@@ -57,7 +57,13 @@ ADAPTER = Adapter(
     id=ID,
     summary="on vLLM's CPU build the generator's KV-cache block size is a multiple the CPU "
     "attention kernels accept",
+    why="the CPU worker fails at start: \"No common block size for 16 (CPU_ATTN: "
+    "[MultipleOf(32)])\"",
+    how="on the CPU platform, rounds the generator's VLLM_BLOCK_SIZE up to the multiple the CPU "
+    "attention backend requires",
     upstream="vLLM 0.29.0: CPU attention supports block sizes MultipleOf(32) (was 16)",
+    upstream_ref="none found: CPUAttentionBackend.get_supported_kernel_block_sizes first returns "
+    "MultipleOf(32) in the vLLM 0.29.0 wheel; no PR for it was located",
     vllm=spec(">=0.29.0"),
     speculators=spec(">=0.3,<0.5"),
     side=Side.DRIVER,

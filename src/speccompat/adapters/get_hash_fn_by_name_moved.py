@@ -13,11 +13,11 @@ import importlib.machinery
 import types
 
 from ..patching import Patcher
-from ..registry import Adapter, Side
+from ..record import Adapter, Side
 from ..targets import GENERATOR, require_in_source
 from ..versions import spec
 
-ID = "vllm.utils.get_hash_fn_by_name_moved"
+ID = "vllm.get_hash_fn_by_name_moved"
 MODULE = "vllm.utils.hashing"
 IMPORT = "from vllm.utils.hashing import get_hash_fn_by_name"
 
@@ -46,8 +46,14 @@ def _patch(patcher: Patcher) -> None:
 ADAPTER = Adapter(
     id=ID,
     summary=f"speculators 0.4.0's `{IMPORT}` finds vLLM 0.11.0's vllm.utils.get_hash_fn_by_name",
+    why="on vLLM 0.11.0 speculators 0.4.0's generator does not import (ModuleNotFoundError: "
+    "vllm.utils.hashing), nor does the worker extension, which imports it",
+    how="registers a vllm.utils.hashing module holding vLLM 0.11.0's own "
+    "vllm.utils.get_hash_fn_by_name",
     upstream="vLLM 0.11.1: get_hash_fn_by_name moved to vllm.utils.hashing (vllm.utils split "
     "into modules)",
+    upstream_ref="vLLM PR #27151 \"[Chore] Separate out hashing utilities from vllm.utils\" (in "
+    "0.11.1)",
     vllm=spec("<0.11.1"),
     speculators=spec("==0.4.*"),
     side=Side.BOTH,

@@ -13,11 +13,11 @@ from types import ModuleType
 from typing import Any
 
 from ..patching import Patcher
-from ..registry import Adapter, Side
+from ..record import Adapter, Side
 from ..targets import Proxy, require_in_source
 from ..versions import spec
 
-ID = "vllm.model.kimi_k25.cuda_current_device"
+ID = "vllm.kimi_k25_cuda_current_device"
 KIMI_K25 = "vllm.model_executor.models.kimi_k25"
 RAW_LINE = "self.device = torch.cuda.current_device()"
 
@@ -55,14 +55,18 @@ ADAPTER = Adapter(
     id=ID,
     summary="Kimi-K2.5's torch.cuda.current_device() is the platform's current device, so "
     "the model loads on vLLM CPU builds",
+    why="without it KimiK25ForConditionalGeneration raises in __init__ on a machine without CUDA; "
+    "on CUDA the answer is the same call",
+    how="gives vLLM's kimi_k25 module a torch whose cuda.current_device() is "
+    "current_platform.current_device()",
     upstream="vLLM 0.16.0: KimiK25ForConditionalGeneration uses "
     "current_platform.current_device() (PR #33320)",
+    upstream_ref="vLLM PR #33320 \"[Kimi-K2.5] Replace torch.cuda with current_platform\" "
+    "(backport, in 0.16.0)",
     vllm=spec(">=0.15.0,<0.16.0"),
     speculators=None,
     side=Side.WORKER,
     probe=_probe,
     patch=_patch,
     remove_when="vLLM 0.15.x is no longer supported",
-    why="without it KimiK25ForConditionalGeneration raises in __init__ on a machine without "
-    "CUDA; on CUDA the answer is the same call",
 )

@@ -16,11 +16,11 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ..patching import Patcher
-from ..registry import Adapter, Side
+from ..record import Adapter, Side
 from ..targets import require_in_source
 from ..versions import spec
 
-ID = "vllm.model.kimi_k25.unfused_qkv_a_proj"
+ID = "vllm.kimi_k25_unfused_qkv_a_proj"
 KIMI_K25 = "vllm.model_executor.models.kimi_k25"
 RAW_MAPPING = '(".fused_qkv_a_proj", ".q_a_proj", 0)'
 # Kimi's own renaming of the text model's checkpoint names (its _KEYS_TO_MODIFY_MAPPING).
@@ -77,14 +77,18 @@ ADAPTER = Adapter(
     id=ID,
     summary="Kimi-K2.5's checkpoint q_a_proj / kv_a_proj_with_mqa load unfused into "
     "attention without fused_qkv_a_proj (MLA disabled, e.g. on vLLM CPU builds)",
+    why="without it the model does not load with VLLM_MLA_DISABLE=1 (KeyError on "
+    "fused_qkv_a_proj); with MLA the fused parameters exist and nothing is diverted",
+    how="wraps KimiK25ForConditionalGeneration.load_weights to load q_a_proj and "
+    "kv_a_proj_with_mqa into the unfused parameters when no fused_qkv_a_proj exists",
     upstream="vLLM 0.16.0: Kimi-K2.5's language_model is a DeepseekV2ForCausalLM, whose "
     "load_weights falls back to unfused loading when fused_qkv_a_proj is absent",
+    upstream_ref="none found: Kimi-K2.5's language_model is first a DeepseekV2ForCausalLM in the "
+    "vLLM 0.16.0 wheel; no PR for it was located",
     vllm=spec(">=0.15.0,<0.16.0"),
     speculators=None,
     side=Side.WORKER,
     probe=_probe,
     patch=_patch,
     remove_when="vLLM 0.15.x is no longer supported",
-    why="without it the model does not load with VLLM_MLA_DISABLE=1 (KeyError on "
-    "fused_qkv_a_proj); with MLA the fused parameters exist and nothing is diverted",
 )

@@ -15,11 +15,11 @@ from collections.abc import Callable
 from typing import Any
 
 from ..patching import Patcher
-from ..registry import Adapter, Side
+from ..record import Adapter, Side
 from ..targets import GENERATOR, require_in_source
 from ..versions import spec
 
-ID = "vllm.engine.kv_cache_layout_resolution"
+ID = "vllm.kv_cache_layout_resolution"
 RESOLVER = "vllm.v1.attention.backends.utils"
 
 
@@ -63,8 +63,14 @@ ADAPTER = Adapter(
     id=ID,
     summary="the generator's executor gets its KV cache layout resolved and published to the "
     "workers, as vLLM's engine core does",
+    why="without it the generator's constructor raises \"KV cache layout has not been resolved "
+    "yet\" in get_kv_cache_config_from_groups",
+    how="wraps the generator's MultiprocExecutor factory to resolve the layout "
+    "(resolve_kv_cache_layout) and set it on the workers right after building it",
     upstream="vLLM 0.29.0: the engine core resolves the KV cache layout once "
     "(resolve_kv_cache_layout, set_kv_cache_layout); reading it earlier raises",
+    upstream_ref="none found: the engine core first resolves the layout in the vLLM 0.29.0 wheel; "
+    "no PR for it was located",
     vllm=spec(">=0.29.0"),
     speculators=spec(">=0.3,<0.5"),
     side=Side.DRIVER,

@@ -16,11 +16,11 @@ import importlib
 from types import ModuleType
 
 from ..patching import Patcher
-from ..registry import Adapter, Side
+from ..record import Adapter, Side
 from ..targets import GENERATOR, module_source, require_in_source
 from ..versions import spec
 
-ID = "vllm.kv_cache_utils.planning_helpers_moved"
+ID = "vllm.kv_cache_planning_moved"
 OLD = "vllm.v1.core.kv_cache_utils"
 NEW = "vllm.v1.core.kv_cache_planning"
 MOVED = ("_get_kv_cache_groups_uniform_spec", "get_kv_cache_config_from_groups",
@@ -50,7 +50,13 @@ ADAPTER = Adapter(
     id=ID,
     summary=f"{OLD} keeps the KV-cache planning helpers speculators imports from it, as "
     f"aliases of {NEW}'s",
+    why="without it importing speculators' generator raises ImportError, and so does the worker "
+    "extension, which imports the generator",
+    how="adds the moved names back to vllm.v1.core.kv_cache_utils as aliases of "
+    "vllm.v1.core.kv_cache_planning's",
     upstream=f"vLLM 0.33.0: {', '.join(MOVED)} moved to {NEW}",
+    upstream_ref="none found: the helpers first live in kv_cache_planning in the vLLM 0.33.0 "
+    "wheel; vLLM PR #42309 proposes this extraction but was open when last seen",
     vllm=spec(">=0.33.0"),
     speculators=spec(">=0.3,<0.5"),
     side=Side.BOTH,

@@ -26,12 +26,12 @@ from typing import Any
 from .. import shm
 from ..capture import LayerCapture
 from ..patching import Patcher
-from ..registry import Adapter, Side
+from ..record import Adapter, Side
 from ..targets import WORKER_EXTENSION, require_in_source
 from ..versions import spec
 
-ID = "vllm.model.forward_drift"
-ID_V04 = "vllm.model.forward_drift.speculators_0_4"
+ID = "vllm.model_forward_drift"
+ID_V04 = "vllm.model_forward_drift.speculators_0_4"
 
 
 def _setup_for(adapter_id: str) -> Callable[[Any, list[int]], None]:
@@ -128,27 +128,36 @@ ADAPTER = Adapter(
     id=ID,
     summary="speculators 0.3.0's worker captures through decoder-layer hooks while vLLM's own "
     "forward runs, per request, in admission order",
+    why="the copied forward drifts with every vLLM release (AttributeError, ValueError, or "
+    "silently unscaled or unsharded states); hooks keep vLLM's own forward",
+    how="replaces the worker extension's capture methods with forward hooks on the requested "
+    "decoder layers (speccompat.capture), per request, in admission order",
     upstream=UPSTREAM,
+    upstream_ref="none found: a series of model-code changes across releases (listed under "
+    "upstream), not one PR",
     vllm=spec(">=0.11.0"),
     speculators=spec("==0.3.*"),
     side=Side.WORKER,
     probe=_probe_v03,
     patch=_patch_v03,
     remove_when="speculators 0.3.0 is no longer supported",
-    why="the copied forward drifts with every vLLM release; hooks keep vLLM's forward",
 )
 
 ADAPTER_V04 = Adapter(
     id=ID_V04,
     summary="speculators 0.4.0's worker captures through decoder-layer hooks while vLLM's own "
     "forward runs, keyed by request id, in the runner's own batch layout (V1 or V2)",
+    why="0.4.0's copied forward drops llama_4_scaling (silently) and orders rows by the V1 "
+    "runner's input_batch, which Model Runner V2 does not have",
+    how="replaces the worker extension's capture methods with forward hooks on the requested "
+    "decoder layers (speccompat.capture), keyed by request id",
     upstream=UPSTREAM,
+    upstream_ref="none found: a series of model-code changes across releases (listed under "
+    "upstream), not one PR",
     vllm=spec(">=0.11.0"),
     speculators=spec("==0.4.*"),
     side=Side.WORKER,
     probe=_probe_v04,
     patch=_patch_v04,
     remove_when="speculators 0.4.0 is no longer supported",
-    why="0.4.0's copied forward drops llama_4_scaling (silently) and orders rows by the V1 "
-    "runner's input_batch, which Model Runner V2 does not have",
 )

@@ -12,11 +12,11 @@ from __future__ import annotations
 import re
 
 from ..patching import Patcher
-from ..registry import Adapter, Side
+from ..record import Adapter, Side
 from ..targets import GENERATOR, module_source, with_defaults
 from ..versions import spec
 
-ID = "vllm.cache_config.prefix_caching_default_on"
+ID = "vllm.prefix_caching_default_on"
 
 
 _DEFAULT = re.compile(r"^    enable_prefix_caching: [^=\n]+= (\w+)", re.MULTILINE)
@@ -40,9 +40,14 @@ def _patch(patcher: Patcher) -> None:
 ADAPTER = Adapter(
     id=ID,
     summary="the generator's CacheConfig has prefix caching off, so every token is computed",
+    why="a prefix-cache hit skips the forward for the cached tokens, so their hidden states are "
+    "never captured; and hand-built requests without a block hasher assert in cache_full_blocks",
+    how="wraps the generator's CacheConfig so enable_prefix_caching defaults to False",
     upstream="vLLM V1 engine: CacheConfig.enable_prefix_caching defaults to True (0.12.0; "
     "None in 0.11.0-0.11.2, where a hand-built config stays off); requests need "
     "Request(block_hasher=...) when it is on",
+    upstream_ref="none found: CacheConfig.enable_prefix_caching first defaults to True in the "
+    "vLLM 0.12.0 wheel; no PR for it was located",
     vllm=spec(">=0.12.0"),
     speculators=spec("==0.3.*"),
     side=Side.DRIVER,

@@ -13,11 +13,11 @@ from collections.abc import Callable
 from typing import Any
 
 from ..patching import Patcher
-from ..registry import Adapter, Side
+from ..record import Adapter, Side
 from ..targets import GENERATOR, source_def
 from ..versions import spec
 
-ID = "vllm.request.eos_token_id_removed"
+ID = "vllm.request_eos_token_id_removed"
 
 
 def _eos_on_sampling_params(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -48,7 +48,12 @@ def _patch(patcher: Patcher) -> None:
 ADAPTER = Adapter(
     id=ID,
     summary="speculators' Request(eos_token_id=...) puts the EOS id on the sampling params",
+    why="speculators' Request(eos_token_id=...) raises TypeError from vLLM 0.17.0",
+    how="wraps the generator's Request to move eos_token_id onto the sampling params "
+    "(update_from_generation_config)",
     upstream="vLLM 0.17.0: Request.__init__ no longer takes eos_token_id",
+    upstream_ref="none found: no PR located for the 0.17.0 signature change; vLLM PR #36470 later "
+    "removed the deprecated Request.eos_token_id attribute",
     vllm=spec(">=0.17.0"),
     speculators=spec(">=0.3,<0.5"),
     side=Side.DRIVER,

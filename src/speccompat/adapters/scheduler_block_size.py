@@ -14,12 +14,12 @@ from collections.abc import Callable
 from typing import Any
 
 from ..patching import Patcher
-from ..registry import Adapter, Side
+from ..record import Adapter, Side
 from ..targets import GENERATOR, source_def, with_defaults
 from ..versions import spec
 
-ID = "vllm.scheduler.block_size_required"
-ID_V04 = "vllm.scheduler.block_size_required.speculators_0_4"
+ID = "vllm.scheduler_block_size"
+ID_V04 = "vllm.scheduler_block_size.speculators_0_4"
 
 
 def _block_size(kwargs: dict[str, Any]) -> int:
@@ -72,7 +72,11 @@ def _patch_v04(patcher: Patcher) -> None:
 ADAPTER = Adapter(
     id=ID,
     summary="Scheduler(...) built by speculators 0.3.0 gets block_size from the cache config",
+    why="Scheduler(...) without block_size raises TypeError from vLLM 0.11.1",
+    how="wraps the generator's Scheduler to pass block_size from the cache config",
     upstream="vLLM 0.11.1: Scheduler.__init__(..., block_size: int) is required",
+    upstream_ref="none found: the required parameter first appears in the vLLM 0.11.1 wheel; no "
+    "PR for it was located",
     vllm=spec(">=0.11.1"),
     speculators=spec("==0.3.*"),
     side=Side.DRIVER,
@@ -85,8 +89,13 @@ ADAPTER_V04 = Adapter(
     id=ID_V04,
     summary="Scheduler(..., block_size=) built by speculators 0.4.0 drops the argument vLLM "
     "0.11.0 does not take (the scheduler reads the same value from the cache config)",
+    why="vLLM 0.11.0's Scheduler rejects speculators 0.4.0's block_size argument (TypeError)",
+    how="wraps the generator's Scheduler to drop block_size when it equals the cache config's "
+    "(ValueError when it differs)",
     upstream="vLLM 0.11.1: Scheduler.__init__(..., block_size: int) added; speculators 0.4.0 "
     "passes it",
+    upstream_ref="none found: the required parameter first appears in the vLLM 0.11.1 wheel; no "
+    "PR for it was located",
     vllm=spec("<0.11.1"),
     speculators=spec("==0.4.*"),
     side=Side.DRIVER,

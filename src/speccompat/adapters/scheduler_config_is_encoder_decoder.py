@@ -10,11 +10,11 @@ from __future__ import annotations
 import re
 
 from ..patching import Patcher
-from ..registry import Adapter, Side
+from ..record import Adapter, Side
 from ..targets import GENERATOR, module_source, with_defaults
 from ..versions import spec
 
-ID = "vllm.scheduler_config.is_encoder_decoder_required"
+ID = "vllm.scheduler_config_is_encoder_decoder"
 
 
 _REQUIRED_FIELD = re.compile(r"^    is_encoder_decoder: InitVar\[bool\]\s*$", re.MULTILINE)
@@ -35,7 +35,11 @@ def _patch(patcher: Patcher) -> None:
 ADAPTER = Adapter(
     id=ID,
     summary="SchedulerConfig(...) built by speculators 0.3.0 gets is_encoder_decoder=False",
+    why="SchedulerConfig(...) without is_encoder_decoder fails validation from vLLM 0.12.0",
+    how="wraps the generator's SchedulerConfig with is_encoder_decoder=False as a default",
     upstream="vLLM 0.12.0: SchedulerConfig.is_encoder_decoder became a required InitVar",
+    upstream_ref="vLLM PR #29859 (in 0.12.0): removed is_encoder_decoder's default, as "
+    "vllm-ascend PR #4688 reports",
     vllm=spec(">=0.12.0"),
     speculators=spec("==0.3.*"),
     side=Side.DRIVER,

@@ -20,11 +20,11 @@ from typing import Any
 
 from ..errors import SpeccompatWarning
 from ..patching import Patcher
-from ..registry import Adapter, Side
+from ..record import Adapter, Side
 from ..targets import GENERATOR, require_in_source
 from ..versions import spec
 
-ID = "vllm.executor.spawn_after_cuda_init"
+ID = "vllm.spawn_after_cuda_init"
 METHOD_ENV = "VLLM_WORKER_MULTIPROC_METHOD"
 
 
@@ -83,13 +83,18 @@ ADAPTER = Adapter(
     id=ID,
     summary="the generator's MultiprocExecutor spawns its workers when CUDA is already "
     "initialised in this process, also after vLLM cached its environment",
+    why="a forked worker fails at its first CUDA call (\"Cannot re-initialize CUDA in forked "
+    "subprocess\"); spawn is what vLLM itself chooses",
+    how="wraps the generator's MultiprocExecutor factory: with CUDA initialised and a cached "
+    "start method other than spawn, sets spawn and clears vllm.envs' cache first",
     upstream="vLLM 0.12.0: vllm.envs caches variables after an engine starts "
     "(enable_envs_cache), hiding get_mp_context()'s forced spawn",
+    upstream_ref="vLLM PR #26146 introduced the environment-variable cache (as vLLM PR #27632 "
+    "describes); it hides the forced spawn from 0.12.0",
     vllm=spec(">=0.12.0"),
     speculators=spec(">=0.3,<0.5"),
     side=Side.DRIVER,
     probe=_probe,
     patch=_patch,
     remove_when="speculators 0.3.0 and 0.4.0 are no longer supported",
-    why="a forked worker fails at its first CUDA call; spawn is what vLLM itself chooses",
 )

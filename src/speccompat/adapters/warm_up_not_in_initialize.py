@@ -13,11 +13,11 @@ from __future__ import annotations
 from typing import Any
 
 from ..patching import Patcher
-from ..registry import Adapter, Side
+from ..record import Adapter, Side
 from ..targets import GENERATOR, Proxy, require_in_source, source_def, wrap_factory
 from ..versions import spec
 
-ID = "vllm.executor.warm_up_not_in_initialize"
+ID = "vllm.warm_up_not_in_initialize"
 
 
 class WarmingUpExecutor(Proxy):
@@ -46,13 +46,17 @@ ADAPTER = Adapter(
     id=ID,
     summary="the generator's executor warms its workers up after initialize_from_config, as "
     "vLLM's engine does",
+    why="without warm-up the first batches run unwarmed kernels and unplanned allocations",
+    how="wraps the generator's MultiprocExecutor in a view that calls compile_or_warm_up_model() "
+    "right after initialize_from_config",
     upstream="vLLM 0.27.0: initialize_from_config no longer calls compile_or_warm_up_model; "
     "EngineCore calls Executor.compile_or_warm_up_model()",
+    upstream_ref="none found: initialize_from_config first leaves the warm-up to EngineCore in "
+    "the vLLM 0.27.0 wheel; no PR for it was located",
     vllm=spec(">=0.27.0"),
     speculators=spec(">=0.3,<0.5"),
     side=Side.DRIVER,
     probe=_probe,
     patch=_patch,
     remove_when="speculators 0.3.0 and 0.4.0 are no longer supported",
-    why="without warm-up the first batches run unwarmed kernels and unplanned allocations",
 )

@@ -13,12 +13,12 @@ from collections.abc import Callable
 from typing import Any
 
 from ..patching import Patcher
-from ..registry import Adapter, Side
+from ..record import Adapter, Side
 from ..targets import GENERATOR, source_def
 from ..versions import spec
 
-ID = "vllm.kv_cache_utils.kv_cache_specs_removed"
-ID_V04 = "vllm.kv_cache_utils.kv_cache_specs_removed.speculators_0_4"
+ID = "vllm.kv_cache_specs_removed"
+ID_V04 = "vllm.kv_cache_specs_removed.speculators_0_4"
 
 
 def _without_specs(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -80,8 +80,13 @@ def _patch_v04(patcher: Patcher) -> None:
 ADAPTER = Adapter(
     id=ID,
     summary="speculators 0.3.0's get_kv_cache_config_from_groups call drops kv_cache_specs",
+    why="speculators 0.3.0 passes kv_cache_specs, which get_kv_cache_config_from_groups no longer "
+    "takes from vLLM 0.12.0 (TypeError)",
+    how="wraps the generator's get_kv_cache_config_from_groups to drop the kv_cache_specs argument",
     upstream="vLLM 0.12.0: get_kv_cache_config_from_groups(vllm_config, kv_cache_groups, "
     "available_memory)",
+    upstream_ref="none found: the parameter is first gone in the vLLM 0.12.0 wheel; no PR for it "
+    "was located",
     vllm=spec(">=0.12.0"),
     speculators=spec("==0.3.*"),
     side=Side.DRIVER,
@@ -94,8 +99,13 @@ ADAPTER_V04 = Adapter(
     id=ID_V04,
     summary="speculators 0.4.0's get_kv_cache_config_from_groups call gets the kv_cache_specs "
     "vLLM 0.11.x requires, rebuilt from the groups",
+    why="speculators 0.4.0 omits kv_cache_specs, which vLLM 0.11.x requires (TypeError)",
+    how="wraps the generator's get_kv_cache_config_from_groups to rebuild kv_cache_specs from the "
+    "groups (layer name -> its group's spec)",
     upstream="vLLM 0.12.0: get_kv_cache_config_from_groups(vllm_config, kv_cache_groups, "
     "available_memory); speculators 0.4.0 calls it that way",
+    upstream_ref="none found: the parameter is first gone in the vLLM 0.12.0 wheel; no PR for it "
+    "was located",
     vllm=spec("<0.12.0"),
     speculators=spec("==0.4.*"),
     side=Side.DRIVER,

@@ -24,11 +24,11 @@ from types import ModuleType
 from typing import Any
 
 from ..patching import Patcher
-from ..registry import Adapter, Side
+from ..record import Adapter, Side
 from ..targets import module_source, require_in_source
 from ..versions import spec
 
-ID = "speculators.config.transformers5_torch_annotation"
+ID = "transformers.config_dtype_annotation"
 PYDANTIC_UTILS = "speculators.utils.pydantic_utils"
 TRANSFORMERS_CONFIG = "transformers.configuration_utils"
 _DTYPE_FIELD = re.compile(r"^    dtype: .*torch\.dtype", re.MULTILINE)
@@ -68,9 +68,16 @@ ADAPTER = Adapter(
     id=ID,
     summary="speculators' config schemas resolve transformers 5's 'torch.dtype' annotation, "
     "so speculators imports",
+    why="without it speculators does not import (PydanticUndefinedAnnotation: name 'torch' is not "
+    "defined): neither the generator in the driver nor the worker extension each vLLM worker "
+    "imports",
+    how="wraps speculators' ReloadableBaseModel.reload_schema to rebuild the schema with torch in "
+    "pydantic's types namespace",
     upstream="transformers 5.4.0: PreTrainedConfig declares its fields as class annotations, "
     "'dtype' as 'torch.dtype' with torch imported only for type checkers (taken by every "
     "vLLM >= 0.24.0, and by default beside speculators 0.3.0 on vLLM 0.19.1-0.23.x)",
+    upstream_ref="none found: the class-level 'dtype' annotation first appears in the "
+    "transformers 5.4.0 wheel; no PR or release note for it was located",
     vllm=None,
     transformers=spec(">=5.4.0"),
     speculators=spec(">=0.3,<0.5"),
@@ -78,6 +85,4 @@ ADAPTER = Adapter(
     probe=_probe,
     patch=_patch,
     remove_when="speculators 0.3.0 and 0.4.0 are no longer supported",
-    why="without it speculators does not import: neither the generator in the driver nor the "
-    "worker extension each vLLM worker imports",
 )

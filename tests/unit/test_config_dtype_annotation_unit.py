@@ -1,4 +1,4 @@
-"""speculators_transformers5_import: the probe reads sources only; the patch gives
+"""config_dtype_annotation: the probe reads sources only; the patch gives
 ``reload_schema`` the ``torch`` namespace, deferred until speculators' module loads."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from speccompat.adapters import speculators_transformers5_import as adapter
+from speccompat.adapters import config_dtype_annotation as adapter
 from speccompat.patching import Patcher, patched_by
-from speccompat.registry import Side
+from speccompat.record import Side
 from speccompat.versions import spec
 
 PYDANTIC_UTILS = '''

@@ -16,11 +16,11 @@ from typing import Any
 
 from ..errors import SpeccompatError
 from ..patching import Patcher
-from ..registry import Adapter, Side
+from ..record import Adapter, Side
 from ..targets import module_source, require_in_source
 from ..versions import spec
 
-ID = "transformers.modeling_attn_mask_utils_removed"
+ID = "transformers.attn_mask_utils_removed"
 REMOVED = "transformers.modeling_attn_mask_utils"
 CONSUMER = "speculators.models.eagle"
 
@@ -58,9 +58,16 @@ ADAPTER = Adapter(
     id=ID,
     summary=f"{REMOVED} exists again as a stand-in, so speculators imports under "
     "transformers >= 5.24",
+    why="without it `import speculators` raises ModuleNotFoundError under transformers >= 5.24: "
+    "the package import loads its EAGLE (v1) model module, which imports the mask helper; "
+    "extraction never calls it",
+    how="registers a stand-in transformers.modeling_attn_mask_utils whose "
+    "_prepare_4d_causal_attention_mask raises a clear error if called",
     upstream="transformers 5.24.0: "
     f"{REMOVED} removed (resolved by default beside speculators 0.3.0 on vLLM 0.19.1 and "
     "newer, and on every vLLM >= 0.24.0)",
+    upstream_ref="none found: the module is absent from the transformers 5.24.0 wheel; no PR or "
+    "release note for the removal was located",
     vllm=None,
     speculators=spec(">=0.3,<0.5"),
     transformers=spec(">=5.24.0"),
@@ -68,6 +75,4 @@ ADAPTER = Adapter(
     probe=_probe,
     patch=_patch,
     remove_when="speculators 0.3.0 and 0.4.0 are no longer supported",
-    why="speculators' package import loads its EAGLE (v1) model module; extraction never "
-    "calls the mask function",
 )

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from speccompat.adapters.kv_cache_config_from_groups import ID, ID_V04
+from speccompat.adapters.kv_cache_specs_removed import ID, ID_V04
 from support import (
     needs_adapter,
     only,

@@ -12,7 +12,8 @@ import pytest
 
 import speccompat
 from speccompat import registry
-from speccompat.adapters.speculators_transformers5_import import ADAPTER, ID
+from speccompat.adapters.attn_mask_utils_removed import ID as MASK_ID  # transformers >= 5.24
+from speccompat.adapters.config_dtype_annotation import ADAPTER, ID
 from speccompat.patching import patched_by
 from speccompat.targets import module_source
 from support import (
@@ -24,7 +25,6 @@ from support import (
 )
 
 pytestmark = [requires_vllm, requires_speculators]
-MASK_ID = "transformers.modeling_attn_mask_utils_removed"  # transformers >= 5.24
 
 # Each import runs in a fresh Python: `import speculators` happens once per process,
 # and this pytest process may already have done it.
@@ -34,7 +34,7 @@ import speccompat
 
 mode = sys.argv[1]
 if mode == "raw":  # transformers >= 5.24 also lacks a module; that has its own adapter
-    speccompat.apply(only=["transformers.modeling_attn_mask_utils_removed"], strict=False)
+    speccompat.apply(only=["transformers.attn_mask_utils_removed"], strict=False)
 elif mode == "apply":
     speccompat.apply()
 elif mode == "exclude":

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from speccompat.adapters.transformers_attn_mask_utils_removed import ID, REMOVED
+from speccompat.adapters.attn_mask_utils_removed import ID, REMOVED
 from support import needs_adapter, requires_speculators, requires_vllm
 
 pytestmark = [requires_vllm, requires_speculators]

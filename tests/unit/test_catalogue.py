@@ -1,0 +1,130 @@
+"""The adapter catalogue: complete records, one id rule, a contract test per module, every
+adapter for at least one matrix cell, and docs/adapters.md as the records generate it."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import speccompat
+import speccompat.adapters
+from speccompat import cli, matrix
+from speccompat.record import NONE_FOUND, Adapter, Side
+from speccompat.versions import Environment
+
+ROOT = Path(__file__).resolve().parents[2]
+UPSTREAM = ("vllm", "torch", "speculators", "transformers")
+# The field the speculators 0.4.0 mirror of a module's record adds to its id.
+MIRROR = "speculators_0_4"
+# A PR or issue number, or a commit hash: what an upstream reference names when found.
+REFERENCE = re.compile(r"#\d+|\b[0-9a-f]{7,40}\b")
+
+
+def adapter_modules() -> list[str]:
+    return sorted(m.name for m in pkgutil.iter_modules(speccompat.adapters.__path__))
+
+
+def records_of(module: str) -> list[Adapter]:
+    loaded = importlib.import_module(f"speccompat.adapters.{module}")
+    return [v for k, v in sorted(vars(loaded).items())
+            if k.startswith("ADAPTER") and isinstance(v, Adapter)]
+
+
+def test_ids_are_unique() -> None:
+    ids = [a.id for a in speccompat.catalogue()]
+    assert len(ids) == len(set(ids)), "duplicate adapter ids"
+
+
+def test_ids_are_cause_and_module() -> None:
+    """``<cause>.<module>``, and ``<cause>.<module>.speculators_0_4`` for the mirror of
+    speculators 0.4.0 that shares a module: an id seen in ``doctor`` names its file."""
+    modules = adapter_modules()
+    assert modules, "no adapter modules"
+    catalogued = {a.id: a for a in speccompat.catalogue()}
+    seen: list[str] = []
+    for module in modules:
+        records = records_of(module)
+        assert records, f"adapters/{module}.py defines no ADAPTER"
+        for adapter in records:
+            base = f"{adapter.cause.lower()}.{module}"
+            assert adapter.id in (base, f"{base}.{MIRROR}"), (module, adapter.id)
+            assert catalogued.get(adapter.id) is adapter, f"{adapter.id} is not catalogued"
+            seen.append(adapter.id)
+    assert sorted(seen) == sorted(catalogued), "a catalogued record outside adapters/*.py"
+
+
+def test_every_adapter_module_has_a_contract_test() -> None:
+    missing = [m for m in adapter_modules()
+               if not (ROOT / "tests" / "contract" / f"test_{m}.py").is_file()]
+    assert not missing, f"no tests/contract/test_<module>.py for {missing}"
+
+
+def test_every_adapter_selects_a_matrix_cell(env_factory: Callable[..., Environment]) -> None:
+    envs = [env_factory(c.vllm, c.speculators, transformers=matrix.transformers_of(c))
+            for c in matrix.CELLS]
+    unused = [a.id for a in speccompat.catalogue() if not any(a.wants(e)[0] for e in envs)]
+    assert not unused, f"selected by no cell of the matrix: {unused}"
+
+
+@pytest.mark.parametrize(("vllm", "speculators", "variant", "expected"), [
+    ("0.11.0", "0.3.0", "", "4.57.6"),
+    ("0.19.0", "0.4.0", "", "4.57.6"),
+    ("0.22.0", "0.3.0", "", matrix.NEWEST_TRANSFORMERS_PROVEN),
+    ("0.22.0", "0.3.0", "4.57.6", "4.57.6"),
+    ("0.22.0", "0.4.0", "", "4.57.6"),
+    ("0.22.0", "0.4.0", "5", matrix.NEWEST_TRANSFORMERS_PROVEN),
+    ("0.24.0", "0.4.0", "", matrix.NEWEST_TRANSFORMERS_PROVEN),
+])
+def test_transformers_of_a_cell(vllm: str, speculators: str, variant: str,
+                                expected: str) -> None:
+    cell = next(c for c in matrix.CELLS
+                if (c.vllm, c.speculators, c.transformers) == (vllm, speculators, variant))
+    assert matrix.transformers_of(cell) == expected
+
+
+@pytest.mark.parametrize("adapter", speccompat.catalogue(), ids=lambda a: a.id)
+def test_every_record_is_complete(adapter: Adapter) -> None:
+    assert re.fullmatch(r"[a-z0-9_]+(\.[a-z0-9_]+)+", adapter.id), adapter.id
+    for name in ("summary", "why", "how", "upstream", "upstream_ref", "remove_when"):
+        value = getattr(adapter, name)
+        assert isinstance(value, str) and value.strip(), f"{adapter.id}: empty {name}"
+        assert "\n" not in value, f"{adapter.id}: {name} is one line"
+    ref = adapter.upstream_ref
+    if ref.startswith("none found"):
+        assert ref.startswith(NONE_FOUND) and len(ref) > len(NONE_FOUND) + 10, (
+            f"{adapter.id}: 'none found: <reason>'")
+    else:
+        assert REFERENCE.search(ref), f"{adapter.id}: names no PR or commit: {ref!r}"
+    assert isinstance(adapter.side, Side)
+    assert adapter.cause_specifier.prereleases is True, adapter.id
+    if adapter.speculators is not None:
+        assert adapter.speculators.prereleases is True, adapter.id
+    assert callable(adapter.probe) and callable(adapter.patch)
+
+
+def test_records_need_why_how_and_upstream_ref() -> None:
+    record = speccompat.catalogue()[0]
+    fields = {k: getattr(record, k) for k in ("id", "summary", "upstream", "speculators",
+                                              "side", "probe", "patch", "remove_when", "vllm",
+                                              "transformers")}
+    with pytest.raises(TypeError, match=r"why.*how.*upstream_ref"):
+        Adapter(**fields)  # type: ignore[call-arg]
+
+
+def test_the_catalogue_imports_no_upstream_package() -> None:
+    speccompat.catalogue()
+    assert not [m for m in UPSTREAM if m in sys.modules]
+
+
+def test_docs_adapters_md_is_generated_from_the_records() -> None:
+    """Regenerate with ``python -m speccompat adapters --markdown > docs/adapters.md``."""
+    written = (ROOT / "docs" / "adapters.md").read_text(encoding="utf-8")
+    assert written == cli.adapters_markdown(speccompat.catalogue()), (
+        "docs/adapters.md is stale: run python -m speccompat adapters --markdown > "
+        "docs/adapters.md")
