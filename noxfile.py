@@ -50,10 +50,9 @@ from nox.command import CommandFailed
 ROOT = Path(__file__).parent
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tools"))
-sys.path.insert(0, str(ROOT / "tests"))
 import compatibility  # noqa: E402
-
 from cpu_env import CPU_ENV  # noqa: E402
+
 from speccompat import matrix  # noqa: E402
 
 nox.options.default_venv_backend = "uv"
