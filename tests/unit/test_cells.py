@@ -5,28 +5,13 @@ PyPI payload (no network, no vLLM, nothing installed)."""
 from __future__ import annotations
 
 import importlib.metadata
-import importlib.util
 import json
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
+import cells  # tools/cells.py: tools/ is on the path (tests/conftest.py)
 import pytest
-
-TOOL = Path(__file__).resolve().parents[2] / "tools" / "cells.py"
-
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("speccompat_tools_cells", TOOL)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-cells = _load()
 
 PY = "/venvs/cell/bin/python"
 OURS = ("-e", "/src/speccompat", "pytest>=8", "hypothesis>=6.100")
