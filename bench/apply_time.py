@@ -40,7 +40,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 from cpu_env import CPU_ENV
 
 TARGET_MS = 20.0

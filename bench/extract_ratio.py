@@ -58,7 +58,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-TESTS = Path(__file__).resolve().parents[1] / "tests"
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = ROOT / "tests"  # tiny_models and support: the test suite's models and kernel scaffolding
+sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(TESTS))
 from cpu_env import CPU_ENV, set_defaults  # noqa: E402
 

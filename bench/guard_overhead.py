@@ -17,6 +17,8 @@ from pathlib import Path
 
 import timing
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+# tiny_models: the test suite's tiny checkpoints
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import cpu_env
 

@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tests"))  # tiny_models, hf_reference: the test suite's models
 from cpu_env import CPU_ENV  # noqa: E402
 
 LAYER_IDS = [0, 1, 2, 3]  # 3 is the last layer: compared before the final norm

@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))  # cpu_env
 
 import cpu_env
+
 import support
 
 cpu_env.set_defaults()

@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-from collections.abc import Iterator
+import subprocess
+import sys
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -112,13 +114,26 @@ def chunked_prefill_on(scheduler_config: Any) -> bool:
 FRESH_PROCESS_ENV = "SPECCOMPAT_FRESH_PROCESS"
 
 
+def run_python(*args: str, env: Mapping[str, str] | None = None, unset: Iterable[str] = (),
+               timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """``python *args`` (``-c CODE ...`` or ``-m MODULE ...``) in a fresh interpreter, its
+    output captured as text; its exit status is the caller's to check. The environment is
+    this process's without speccompat's per-process switches (``SPECCOMPAT_ACTIVE``,
+    ``SPECCOMPAT_DISABLE``, ``SPECCOMPAT_SKIP``: the child applies only what it is told)
+    and without ``unset``, plus ``env``."""
+    from speccompat import registry
+
+    dropped = {registry.ACTIVE_ENV, registry.DISABLE_ENV, registry.SKIP_ENV, *unset}
+    inherited = {k: v for k, v in os.environ.items() if k not in dropped}
+    return subprocess.run([sys.executable, *args], env={**inherited, **(env or {})},
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
 def in_fresh_process(request: pytest.FixtureRequest) -> bool:
     """For a test that needs a process of its own: True in that process; elsewhere runs
     the test there (pytest on its node id), passes its skip or failure on, and returns
     False (the caller returns too)."""
     import re
-    import subprocess
-    import sys
 
     node = request.node.nodeid
     if os.environ.get(FRESH_PROCESS_ENV) == node:

@@ -44,14 +44,6 @@ def generator_module() -> ModuleType:
         speccompat.revert()
 
 
-def installed_vllm() -> str:
-    import speccompat
-
-    env = speccompat.detect()
-    assert env.vllm is not None
-    return str(env.vllm.version)
-
-
 @pytest.fixture(scope="session")
 def vllm_config(tiny_llama):  # type: ignore[no-untyped-def]
     """The VllmConfig speculators 0.3.0 builds, written out with the installed vLLM's

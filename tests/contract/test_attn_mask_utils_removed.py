@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from speccompat.adapters.attn_mask_utils_removed import ID, REMOVED
-from support import needs_adapter, requires_speculators, requires_vllm
+from support import needs_adapter, requires_speculators, requires_vllm, run_python
 
 pytestmark = [requires_vllm, requires_speculators]
 applies = needs_adapter(ID, "transformers here still has the module")
@@ -29,8 +29,7 @@ IMPORT = (
 
 
 def run(exclude: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", IMPORT.format(exclude=exclude)],
-                          capture_output=True, text=True, timeout=600, check=False)
+    return run_python("-c", IMPORT.format(exclude=exclude))
 
 
 def test_raw_module_exists_only_before_transformers_5_24() -> None:

@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,7 @@ from support import (
     needs_adapter,
     requires_speculators,
     requires_vllm,
+    run_python,
     speculators_generator,
     vllm_in,
 )
@@ -90,8 +89,7 @@ except RuntimeError as exc:  # vLLM 0.20.0's CPU runner syncs torch's CUDA accel
 
 
 def test_uniproc_executor_has_the_same_contract(tiny_llama: Path) -> None:
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(UNIPROC), str(tiny_llama)],
-                         capture_output=True, text=True, timeout=300)
+    out = run_python("-c", textwrap.dedent(UNIPROC), str(tiny_llama), timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == '["list", 1, "dict"]'
 

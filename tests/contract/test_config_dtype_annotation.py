@@ -1,9 +1,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -11,16 +8,17 @@ from typing import Any
 import pytest
 
 import speccompat
-from speccompat import registry
 from speccompat.adapters.attn_mask_utils_removed import ID as MASK_ID  # transformers >= 5.24
 from speccompat.adapters.config_dtype_annotation import ADAPTER, ID
 from speccompat.patching import patched_by
 from speccompat.targets import module_source
 from support import (
+    adapter_applies,
     import_fixes,
     only,
     requires_speculators,
     requires_vllm,
+    run_python,
     speculators_generator,
 )
 
@@ -86,23 +84,15 @@ print(json.dumps(out))
 
 def _import(mode: str, **env: str) -> dict[str, Any]:
     # Not what this process applied: only what the mode (and ``env``) says.
-    inherited = {k: v for k, v in os.environ.items()
-                 if k not in (registry.ACTIVE_ENV, registry.DISABLE_ENV, registry.SKIP_ENV)}
-    run = subprocess.run([sys.executable, "-c", textwrap.dedent(IMPORT), mode, ID],
-                         capture_output=True, text=True, timeout=300,
-                         env={**inherited, **env})
+    run = run_python("-c", textwrap.dedent(IMPORT), mode, ID, env=env, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     result: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
     return result
 
 
-def _wanted() -> bool:
-    return ADAPTER.wants(speccompat.detect())[0]
-
-
 @pytest.fixture
 def transformers5() -> None:
-    if not _wanted():
+    if not adapter_applies(ID)[0]:
         pytest.skip(f"{speccompat.detect().describe()}: speculators imports as it is")
     problem = ADAPTER.probe()
     if problem is not None:
@@ -185,10 +175,7 @@ def test_selected_by_the_installed_transformers() -> None:
     transformers, whatever vLLM it is paired with, and the line names it."""
     from packaging.version import Version
 
-    inherited = {k: v for k, v in os.environ.items()
-                 if k not in (registry.ACTIVE_ENV, registry.DISABLE_ENV, registry.SKIP_ENV)}
-    run = subprocess.run([sys.executable, "-m", "speccompat", "doctor", "--json"],
-                         capture_output=True, text=True, timeout=300, env=inherited)
+    run = run_python("-m", "speccompat", "doctor", "--json", timeout=300)
     states = {a["id"]: a for a in json.loads(run.stdout)["adapters"]}
     env = speccompat.detect()
     assert env.transformers is not None
@@ -201,7 +188,7 @@ def test_selected_by_the_installed_transformers() -> None:
 
 
 def test_not_needed_on_transformers_4() -> None:
-    if _wanted():
+    if adapter_applies(ID)[0]:
         pytest.skip(f"{speccompat.detect().transformers} has the annotation")
     report = speccompat.apply(only=[ID])
     try:

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import importlib
 import subprocess
-import sys
 
 import speccompat
 from speccompat.adapters.kv_cache_planning_moved import ID, MOVED, NEW, OLD
-from support import needs_adapter, requires_speculators, requires_vllm
+from support import needs_adapter, requires_speculators, requires_vllm, run_python
 
 pytestmark = [requires_vllm, requires_speculators]
 applies = needs_adapter(ID)
@@ -38,8 +37,7 @@ GENERATOR_IMPORT = (
 
 def run(exclude: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
     script = GENERATOR_IMPORT.format(exclude=exclude, moved=MOVED)
-    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=600, check=False)
+    return run_python("-c", script)
 
 
 @applies

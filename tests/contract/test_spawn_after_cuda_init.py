@@ -7,16 +7,19 @@ vLLM's ``cuda_is_initialized()`` makes. tests/gpu has the real case on a GPU.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
 from speccompat.adapters.spawn_after_cuda_init import ID
-from support import needs_adapter, requires_speculators, requires_vllm, runs_models
+from support import (
+    needs_adapter,
+    requires_speculators,
+    requires_vllm,
+    run_python,
+    runs_models,
+)
 
 pytestmark = [requires_vllm, requires_speculators]
 TESTS = Path(__file__).resolve().parents[1]
@@ -24,10 +27,8 @@ TESTS = Path(__file__).resolve().parents[1]
 
 def run_script(body: str) -> str:
     """A fresh interpreter without the test suite's VLLM_WORKER_MULTIPROC_METHOD=spawn."""
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_WORKER_MULTIPROC_METHOD"}
     script = f"import sys\nsys.path.insert(0, {str(TESTS)!r})\n" + textwrap.dedent(body)
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                          text=True, timeout=600, check=False)
+    done = run_python("-c", script, unset=["VLLM_WORKER_MULTIPROC_METHOD"])
     assert done.returncode == 0, done.stderr[-4000:]
     return done.stdout
 

