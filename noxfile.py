@@ -47,7 +47,6 @@ sys.path.insert(0, str(ROOT / "tools"))
 import cells  # noqa: E402
 import compatibility  # noqa: E402
 from cpu_env import CPU_ENV  # noqa: E402
-
 from speccompat import matrix  # noqa: E402
 
 nox.options.default_venv_backend = "uv"
@@ -136,7 +135,7 @@ def speccompat_commit() -> str:
 
     try:
         commit = git("rev-parse", "HEAD")
-        dirty = git("status", "--porcelain", "--untracked-files=no", "--", "src", "tests")
+        dirty = git("status", "--porcelain", "--untracked-files=no", "--", "src", "tests", "tools")
     except (OSError, subprocess.CalledProcessError):
         return ""
     return commit + ("+dirty" if dirty else "")

@@ -12,7 +12,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))  # cpu_env
 
 import cpu_env
-
 import support
 
 cpu_env.set_defaults()

@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import cells  # tools/cells.py: tools/ is on the path (tests/conftest.py)
 import pytest
+
+import cells  # tools/cells.py: tools/ is on the path (tests/conftest.py)
 
 PY = "/venvs/cell/bin/python"
 OURS = ("-e", "/src/speccompat", "pytest>=8", "hypothesis>=6.100")
