@@ -19,9 +19,29 @@ from typing import Any
 
 from . import guards
 from .errors import CorruptCaptureError
-from .targets import decoder_stack
 
 Layout = list[tuple[str, int, int]]  # (request id, first row, row count) per request
+
+
+def decoder_stack(model: Any) -> Any:
+    """The module that holds the decoder ``layers`` of a vLLM model.
+
+    Causal LMs keep it at ``model.model``; multimodal wrappers such as
+    Kimi-K2.5 expose ``get_language_model()``, which is the stack itself
+    (vLLM 0.15.x) or a causal LM whose ``.model`` is (0.16.0+).
+    """
+    candidates: list[Any] = []
+    if hasattr(model, "get_language_model"):
+        language_model = model.get_language_model()
+        candidates += [language_model, getattr(language_model, "model", None)]
+    candidates += [getattr(model, "model", None), model]
+    for candidate in candidates:
+        if candidate is not None and hasattr(candidate, "layers"):
+            return candidate
+    raise LookupError(
+        f"cannot find the decoder layers of {type(model).__name__}: no .layers on "
+        "get_language_model(), .model or the model itself"
+    )
 
 
 class LayerCapture:
