@@ -1,5 +1,5 @@
-"""capture.py: where the decoder layers are, and which rows of a step belong to which
-request under Model Runner V2.
+"""capture.py: where the decoder layers are, which rows of a step belong to which request
+under Model Runner V2, and the runner patches that ``close`` undoes.
 
 The layout comes from the step's ``InputBatch`` (vLLM's, duck-typed here: the capture
 reads three fields); the model runner and torch are not needed to compute it.
@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from speccompat import CorruptCaptureError
+from speccompat import AdapterError, CorruptCaptureError
 from speccompat.capture import LayerCapture, decoder_stack
+from speccompat.patching import Patcher, patched_by
 
 ADAPTER = "vllm.model_forward_drift"
 
@@ -46,6 +47,69 @@ def test_v2_forward_without_its_step_batch_raises() -> None:
     capture.prepared = None
     with pytest.raises(CorruptCaptureError, match="prepare_inputs"):
         capture._batch_layout()
+
+
+# --------------------------------------------------------------------------- runner patches
+
+
+class RunnerV2:
+    """Model Runner V2's shape: no input_batch; execute_model calls prepare_inputs."""
+
+    def __init__(self) -> None:
+        self.batch = SimpleNamespace(req_ids=["a"])
+
+    def execute_model(self, scheduler_output: Any, dummy_run: bool = False) -> Any:
+        return self.prepare_inputs(scheduler_output)
+
+    def prepare_inputs(self, scheduler_output: Any) -> Any:
+        return self.batch
+
+
+def wrapped_runner(runner: Any) -> LayerCapture:
+    capture = LayerCapture.__new__(LayerCapture)
+    capture.runner, capture.adapter, capture.handles, capture.slots = runner, ADAPTER, [], {}
+    capture.step = capture.layout = capture.prepared = None
+    capture.reset()
+    capture.patcher = Patcher(ADAPTER)
+    capture._wrap_runner()
+    return capture
+
+
+def test_runner_patches_are_recorded_and_close_reverts_them() -> None:
+    runner = RunnerV2()
+    capture = wrapped_runner(runner)
+    assert set(vars(runner)) == {"batch", "execute_model", "prepare_inputs"}
+    assert patched_by(vars(runner)["execute_model"]) == ADAPTER
+    assert patched_by(vars(runner)["prepare_inputs"]) == ADAPTER
+    assert capture.patcher.patch_count == 2
+    step = SimpleNamespace(scheduled_new_reqs=[SimpleNamespace(req_id="a",
+                                                               prompt_token_ids=[1, 2])])
+    assert runner.execute_model(step) is runner.batch
+    assert capture.prompt_lengths == {"a": 2}  # the step went through the capture
+    capture.close()
+    assert set(vars(runner)) == {"batch"}
+    assert runner.execute_model.__func__ is RunnerV2.execute_model
+    assert runner.prepare_inputs.__func__ is RunnerV2.prepare_inputs
+    assert capture.patcher.patch_count == 0
+
+
+def test_a_runner_is_not_wrapped_twice() -> None:
+    runner = RunnerV2()
+    first = wrapped_runner(runner)
+    with pytest.raises(AdapterError, match="already patched"):
+        wrapped_runner(runner)
+    first.close()
+    wrapped_runner(runner).close()
+    assert set(vars(runner)) == {"batch"}
+
+
+def test_a_v1_runner_gets_only_execute_model() -> None:
+    runner = RunnerV2()
+    runner.input_batch = SimpleNamespace(req_ids=[])  # type: ignore[attr-defined]
+    capture = wrapped_runner(runner)
+    assert "prepare_inputs" not in vars(runner) and "execute_model" in vars(runner)
+    capture.close()
+    assert "execute_model" not in vars(runner)
 
 
 # --------------------------------------------------------------------------- decoder_stack
