@@ -1,8 +1,10 @@
 """Sessions, generated from ``speccompat.matrix`` (the one list of cells).
 
     nox -s tests                     what CI runs: lint, unit, and the CI cells' contract + e2e
-    nox -s lint                      ruff (src, tests, tools, demo, bench, noxfile) and mypy
-    nox -s unit                      the unit tests: no vLLM, torch or speculators needed
+    nox -s lint                      ruff (src, tests, tools, demo, bench, noxfile) and mypy,
+                                     on Python 3.10 and 3.11 (nox -s lint-3.10: one of them)
+    nox -s unit                      the unit tests, on Python 3.10 and 3.11: no vLLM, torch
+                                     or speculators needed
     nox -s "contract(vllm='0.16.0', speculators='0.3.0')"   one cell's contract tests
     nox -s "e2e(vllm='0.16.0', speculators='0.3.0')"        one cell's e2e tests
     nox -s "cell(vllm='0.16.0', speculators='0.3.0')"       one install, contract then e2e,
@@ -52,9 +54,46 @@ from speccompat import matrix  # noqa: E402
 nox.options.default_venv_backend = "uv"
 nox.options.sessions = ["tests"]
 nox.options.reuse_existing_virtualenvs = True
+# A check session whose Python is missing fails instead of being skipped.
+nox.options.error_on_missing_interpreters = True
 
 PYTHON = "3.11"
-TEST_DEPS = ["pytest>=8", "hypothesis>=6.100"]
+# lint and unit also run on requires-python's floor; the cells need vLLM, which picks 3.11.
+CHECK_PYTHONS = ["3.10", PYTHON]
+
+
+def _pyenv_pythons_on_path(versions: list[str]) -> None:
+    """Where pyenv has a Python installed but not activated (its ``python3.10`` shim
+    answers "command not found"), put that install's bin/ on PATH so nox and uv find it.
+    Machine scaffolding: nothing changes where the interpreter already runs."""
+    import os
+    import subprocess
+
+    from packaging.version import InvalidVersion, Version
+
+    def release(path: Path) -> Version:
+        try:
+            return Version(path.parent.name)
+        except InvalidVersion:
+            return Version("0")
+
+    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    for version in versions:
+        try:
+            found = subprocess.run([f"python{version}", "-c", ""], capture_output=True,
+                                   check=False).returncode == 0
+        except OSError:
+            found = False
+        installs = sorted(root.glob(f"{version}.*/bin"), key=release)
+        if not found and installs:
+            os.environ["PATH"] = f"{installs[-1]}{os.pathsep}{os.environ['PATH']}"
+
+
+_pyenv_pythons_on_path(CHECK_PYTHONS)
+# The test extra's requirements, for the cell installs (which install speccompat itself
+# apart from them) and the gpu session; lint and unit install the extras themselves.
+TEST_DEPS: list[str] = nox.project.load_toml(ROOT / "pyproject.toml")["project"][
+    "optional-dependencies"]["test"]
 MATRIX_DIR = ROOT / ".matrix"
 RESULTS = MATRIX_DIR / "results"
 JUNIT = MATRIX_DIR / "junit"
@@ -185,16 +224,16 @@ def run_pytest(session: nox.Session, folder: str, cell: matrix.Cell,
 # --- the developer sessions ------------------------------------------------------------
 
 
-@nox.session(python=PYTHON)
+@nox.session(python=CHECK_PYTHONS)
 def lint(session: nox.Session) -> None:
-    session.install("ruff>=0.6", "mypy>=1.10", "-e", ".")
+    session.install("-e", ".[lint]")
     session.run("ruff", "check", "src", "tests", "tools", "noxfile.py", "demo", "bench")
     session.run("mypy")
 
 
-@nox.session(python=PYTHON)
+@nox.session(python=CHECK_PYTHONS)
 def unit(session: nox.Session) -> None:
-    session.install("-e", ".", *TEST_DEPS)
+    session.install("-e", ".[test]")
     session.run("pytest", "tests/unit", "-p", "no:cacheprovider", *session.posargs)
 
 
@@ -243,9 +282,10 @@ def gpu(session: nox.Session) -> None:
     f"cell({cell_id(c)})" for c in CI_CELLS
 ])
 def tests(session: nox.Session) -> None:
-    """Everything CI runs; the work happens in the required sessions (one venv per cell,
-    contract then e2e tests, a record under .matrix/results/)."""
-    session.log("lint, unit and the CI cells passed: "
+    """Everything CI runs; the work happens in the required sessions (lint and unit on each
+    of CHECK_PYTHONS; one venv per cell, contract then e2e tests, a record under
+    .matrix/results/)."""
+    session.log(f"lint and unit on Python {', '.join(CHECK_PYTHONS)} and the CI cells passed: "
                 + "; ".join(c.name for c in CI_CELLS))
 
 

@@ -19,9 +19,30 @@ from typing import Any
 
 from . import guards
 from .errors import CorruptCaptureError
-from .targets import decoder_stack
+from .patching import Patcher
 
 Layout = list[tuple[str, int, int]]  # (request id, first row, row count) per request
+
+
+def decoder_stack(model: Any) -> Any:
+    """The module that holds the decoder ``layers`` of a vLLM model.
+
+    Causal LMs keep it at ``model.model``; multimodal wrappers such as
+    Kimi-K2.5 expose ``get_language_model()``, which is the stack itself
+    (vLLM 0.15.x) or a causal LM whose ``.model`` is (0.16.0+).
+    """
+    candidates: list[Any] = []
+    if hasattr(model, "get_language_model"):
+        language_model = model.get_language_model()
+        candidates += [language_model, getattr(language_model, "model", None)]
+    candidates += [getattr(model, "model", None), model]
+    for candidate in candidates:
+        if candidate is not None and hasattr(candidate, "layers"):
+            return candidate
+    raise LookupError(
+        f"cannot find the decoder layers of {type(model).__name__}: no .layers on "
+        "get_language_model(), .model or the model itself"
+    )
 
 
 class LayerCapture:
@@ -53,6 +74,7 @@ class LayerCapture:
         self.layout: Layout | None = None
         self.prepared: Any = None
         self.reset()
+        self.patcher = Patcher(adapter)
         self._wrap_runner()
 
     @property
@@ -66,11 +88,11 @@ class LayerCapture:
     def close(self) -> None:
         for handle in self.handles:
             handle.remove()
-        self.runner.__dict__.pop("execute_model", None)
-        self.runner.__dict__.pop("prepare_inputs", None)
+        self.patcher.revert()
 
     def _wrap_runner(self) -> None:
-        # Only this runner instance: warm-up and profiling runs (no step) capture nothing.
+        # Only this runner instance (``close`` removes its attributes again, and the class's
+        # methods show through): warm-up and profiling runs (no step) capture nothing.
         runner_execute = type(self.runner).execute_model.__get__(self.runner)
 
         def execute_model(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
@@ -84,7 +106,7 @@ class LayerCapture:
             finally:
                 self.step = self.layout = self.prepared = None
 
-        self.runner.execute_model = execute_model
+        self.patcher.replace(self.runner, "execute_model", execute_model)
         if self.runner_v2:
             runner_prepare = type(self.runner).prepare_inputs.__get__(self.runner)
 
@@ -94,7 +116,7 @@ class LayerCapture:
                     self.prepared = batch
                 return batch
 
-            self.runner.prepare_inputs = prepare_inputs
+            self.patcher.replace(self.runner, "prepare_inputs", prepare_inputs)
 
     def _admit(self, scheduler_output: Any) -> None:
         # Scheduled in FCFS order, which is the order the generator added them in.

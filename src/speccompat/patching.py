@@ -23,6 +23,7 @@ from types import ModuleType
 from typing import Any
 
 from .errors import AdapterError
+from .wrappers import stand_in
 
 MARK = "__speccompat_adapter__"
 _MISSING = object()
@@ -75,13 +76,20 @@ class Patcher:
         """Replace ``owner.name`` with ``make(current)``.
 
         A staticmethod or classmethod stays one: ``make`` gets its function (for a
-        classmethod, the one taking ``cls`` first) and the result is wrapped again.
+        classmethod, the one taking ``cls`` first) and the result is wrapped again. A class
+        stays a class: where ``make`` returns a plain callable, it is installed as a
+        ``wrappers.stand_in``, so ``isinstance`` against the name keeps working.
         """
         raw = inspect.getattr_static(owner, name)
         if isinstance(raw, (staticmethod, classmethod)):
             self.replace(owner, name, type(raw)(make(raw.__func__)))
-        else:
-            self.replace(owner, name, make(getattr(owner, name)))
+            return
+        current = getattr(owner, name)
+        replacement = make(current)
+        if (isinstance(current, type) and callable(replacement)
+                and not isinstance(replacement, type)):
+            replacement = stand_in(current, replacement)
+        self.replace(owner, name, replacement)
 
     def wrap_on_import(self, module: str, name: str, make: Callable[[Any], Any]) -> None:
         """``wrap`` the consumer's ``module.name``, now or right after ``module`` is imported."""

@@ -1,20 +1,18 @@
-"""Where consumers look things up, and small tools adapters share to patch there.
+"""Where consumers look things up, read without importing them.
 
-Adapters patch the consumer's own names (``from x import y`` leaves the
-consumer with its own reference) and never import one another; what several
-of them need lives here.
+Adapters patch the consumer's own names (``from x import y`` leaves the consumer with
+its own reference) and probe the upstream shape they expect from the source text: a file
+read where an import would cost seconds and run the package's ``__init__``. What they
+install in those names is in ``wrappers``.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import inspect
 import os
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
 
 # speculators 0.3.0 / 0.4.0: the in-process extraction system.
 GENERATOR = "speculators.data_generation.vllm_hidden_states_generator"
@@ -129,99 +127,3 @@ def _params(signature: str) -> dict[str, bool]:
         if name and name != "/":
             out[name] = "=" in piece.split(":", 1)[-1] or "=" in piece.split(":")[0]
     return out
-
-
-def parameters(obj: Callable[..., Any]) -> dict[str, inspect.Parameter]:
-    return dict(inspect.signature(obj).parameters)
-
-
-def requires_argument(obj: Callable[..., Any], name: str) -> bool:
-    """Whether ``obj`` has a parameter ``name`` without a default."""
-    param = parameters(obj).get(name)
-    return param is not None and param.default is inspect.Parameter.empty
-
-
-class Proxy:
-    """Forwards every attribute to ``target``; subclasses override what the consumer must see.
-
-    Used where vLLM's own callers rely on the real object's behaviour, so the
-    consumer gets a normalized view while vLLM keeps the original.
-    """
-
-    def __init__(self, target: Any) -> None:
-        object.__setattr__(self, "_target", target)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(object.__getattribute__(self, "_target"), name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(object.__getattribute__(self, "_target"), name, value)
-
-    @property
-    def inner(self) -> Any:
-        """The next object down: another view, or the real one. Calls go here so views compose."""
-        return object.__getattribute__(self, "_target")
-
-    @property
-    def unwrapped(self) -> Any:
-        target = object.__getattribute__(self, "_target")
-        return target.unwrapped if isinstance(target, Proxy) else target
-
-
-def wrap_factory(
-    original: Callable[..., Any], view: Callable[[Any], Any]
-) -> Callable[..., Any]:
-    """A stand-in for a class the consumer instantiates: builds the real object, returns a view."""
-
-    def build(*args: Any, **kwargs: Any) -> Any:
-        return view(original(*args, **kwargs))
-
-    build.__name__ = getattr(original, "__name__", "factory")
-    build.__qualname__ = getattr(original, "__qualname__", build.__name__)
-    build.__doc__ = getattr(original, "__doc__", None)
-    build.__wrapped__ = original  # type: ignore[attr-defined]
-    return build
-
-
-def with_defaults(original: Callable[..., Any], **defaults: Any) -> Callable[..., Any]:
-    """``original`` with defaults for arguments the consumer does not pass (new required ones).
-
-    A callable default is computed from the arguments that were passed, by name.
-    """
-    signature = inspect.signature(original)
-
-    def call(*args: Any, **kwargs: Any) -> Any:
-        try:
-            passed = dict(signature.bind_partial(*args, **kwargs).arguments)
-        except TypeError:
-            passed = dict(kwargs)
-        for key, value in defaults.items():
-            if key not in passed:
-                kwargs[key] = value(passed) if callable(value) else value
-        return original(*args, **kwargs)
-
-    call.__name__ = getattr(original, "__name__", "call")
-    call.__qualname__ = getattr(original, "__qualname__", call.__name__)
-    call.__wrapped__ = original  # type: ignore[attr-defined]
-    return call
-
-
-def decoder_stack(model: Any) -> Any:
-    """The module that holds the decoder ``layers`` of a vLLM model.
-
-    Causal LMs keep it at ``model.model``; multimodal wrappers such as
-    Kimi-K2.5 expose ``get_language_model()``, which is the stack itself
-    (vLLM 0.15.x) or a causal LM whose ``.model`` is (0.16.0+).
-    """
-    candidates: list[Any] = []
-    if hasattr(model, "get_language_model"):
-        language_model = model.get_language_model()
-        candidates += [language_model, getattr(language_model, "model", None)]
-    candidates += [getattr(model, "model", None), model]
-    for candidate in candidates:
-        if candidate is not None and hasattr(candidate, "layers"):
-            return candidate
-    raise LookupError(
-        f"cannot find the decoder layers of {type(model).__name__}: no .layers on "
-        "get_language_model(), .model or the model itself"
-    )

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import inspect
 import textwrap
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -14,6 +16,7 @@ from speccompat.adapters.collective_rpc_unique_reply_rank import (
     ListReplyExecutor,
 )
 from support import (
+    adapter_applies,
     needs_adapter,
     requires_speculators,
     requires_vllm,
@@ -125,3 +128,42 @@ def test_v04_generator_fails_without_it(tiny_llama: Path) -> None:
     with speculators_generator(tiny_llama, exclude=(ID_V04,), layer_ids=[1, 2]) as gen, \
             pytest.raises(AttributeError, match="'list' object has no attribute 'keys'"):
         gen.generate(prompts)
+
+
+def test_wrapped_generator_classes_keep_their_types(
+    generator_module: ModuleType, executor: Any, vllm_config: Any,
+) -> None:
+    """After apply(), the generator's names for vLLM classes (this adapter's
+    MultiprocExecutor, and Scheduler, SchedulerConfig, CacheConfig where others wrap them)
+    answer isinstance, issubclass and class attributes as the real vLLM classes do."""
+    from vllm.v1.executor.multiproc_executor import MultiprocExecutor
+
+    before = {n: v for n, v in vars(generator_module).items() if isinstance(v, type)}
+    speccompat.apply(sides=(speccompat.Side.DRIVER,))
+    try:
+        replaced = {n: (real, getattr(generator_module, n)) for n, real in before.items()
+                    if getattr(generator_module, n) is not real}
+        if adapter_applies(ID)[0] or adapter_applies(ID_V04)[0]:
+            assert replaced["MultiprocExecutor"][0] is MultiprocExecutor
+            name = replaced["MultiprocExecutor"][1]
+            view = (ListReplyExecutor if adapter_applies(ID)[0] else BareReplyExecutor)(executor)
+            assert isinstance(executor, name) and isinstance(view, name)
+            assert isinstance(view, MultiprocExecutor)
+        configs = [vllm_config.scheduler_config, vllm_config.cache_config]
+        for attr, (real, name) in replaced.items():
+            assert isinstance(name, type), attr
+            assert isinstance(real.__new__(real), name), attr
+            assert not isinstance(object(), name), attr
+            for config in configs:
+                assert isinstance(config, name) is isinstance(config, real), attr
+            assert issubclass(name, real) and issubclass(real, name), attr
+            assert all(issubclass(name, base) for base in real.__mro__), attr
+            assert (name.__name__, name.__qualname__, name.__module__, name.__doc__) == (
+                real.__name__, real.__qualname__, real.__module__, real.__doc__), attr
+            for member in dir(real):
+                if not member.startswith("__") and member != "_abc_impl":
+                    assert (inspect.getattr_static(name, member)
+                            is inspect.getattr_static(real, member)), f"{attr}.{member}"
+    finally:
+        speccompat.revert()
+    assert all(getattr(generator_module, n) is real for n, real in before.items())

@@ -84,7 +84,7 @@ def _layer_spy() -> tuple[Callable[[Any], int], Callable[[Any], dict[str, list[A
     Defined here so that cloudpickle sends them by value to the worker processes."""
 
     def install(wrapper: Any) -> int:
-        from speccompat.targets import decoder_stack
+        from speccompat.capture import decoder_stack
 
         worker = getattr(wrapper, "worker", wrapper)
         stack = decoder_stack(worker.model_runner.get_model())

@@ -18,7 +18,7 @@ import speccompat
 from speccompat import Adapter, AdapterError, Environment, State
 from speccompat.patching import _FINDER, MARK, Patcher, _HookedLoader, patched_by
 from speccompat.registry import ACTIVE_ENV
-from speccompat.targets import Proxy
+from speccompat.wrappers import Proxy
 
 if TYPE_CHECKING:
     from conftest import Target
@@ -209,6 +209,24 @@ def test_wrap_keeps_a_classmethod_bound_to_the_caller(target: Target) -> None:
         assert target.Engine().build() == ("old", target.Engine)
     finally:
         patcher.revert()
+
+
+def test_wrap_keeps_a_class_a_class(target: Target) -> None:
+    engine = target.Engine
+    patcher = Patcher("t.class")
+    # make returns a plain function (scheduler_block_size's speculators 0.4.0 wrapper does).
+    patcher.wrap(target.module, "Engine", lambda original: lambda *a: original(*a))
+    try:
+        name = target.module.Engine
+        assert isinstance(name, type) and name is not engine
+        assert patched_by(name) == "t.class" and patched_by(engine) is None
+        made = name()
+        assert type(made) is engine and isinstance(made, name)
+        assert issubclass(target.FastEngine, name) and issubclass(name, engine)
+        assert name.version() == engine.version()
+    finally:
+        patcher.revert()
+    assert target.module.Engine is engine
 
 
 def test_proxy_replacement_survives_revert_and_reapply(

@@ -12,8 +12,9 @@ from typing import Any
 
 from ..patching import Patcher
 from ..record import Adapter, Side
-from ..targets import GENERATOR, require_in_source, wrap_factory
+from ..targets import GENERATOR, require_in_source
 from ..versions import spec
+from ..wrappers import wrap_factory
 
 ID = "vllm.chunked_prefill_abort"
 

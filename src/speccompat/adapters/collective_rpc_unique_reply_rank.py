@@ -21,8 +21,9 @@ from ..errors import WorkerFailedError
 from ..patching import Patcher
 from ..record import Adapter, Side
 from ..rpc import collective_rpc
-from ..targets import GENERATOR, Proxy, SourceDef, source_def, wrap_factory
+from ..targets import GENERATOR, SourceDef, source_def
 from ..versions import spec
+from ..wrappers import Proxy, wrap_factory
 
 ID = "vllm.collective_rpc_unique_reply_rank"
 ID_V04 = "vllm.collective_rpc_unique_reply_rank.speculators_0_4"

@@ -15,8 +15,9 @@ from typing import Any
 
 from ..patching import Patcher
 from ..record import Adapter, Side
-from ..targets import GENERATOR, Proxy, module_source
+from ..targets import GENERATOR, module_source
 from ..versions import spec
+from ..wrappers import Proxy
 
 ID = "vllm.cpu_mem_get_info"
 _GIB = 1 << 30

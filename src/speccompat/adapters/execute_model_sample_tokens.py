@@ -14,8 +14,9 @@ from typing import Any
 
 from ..patching import Patcher
 from ..record import Adapter, Side
-from ..targets import GENERATOR, Proxy, source_def, wrap_factory
+from ..targets import GENERATOR, source_def
 from ..versions import spec
+from ..wrappers import Proxy, wrap_factory
 
 ID = "vllm.execute_model_sample_tokens"
 ID_V04 = "vllm.execute_model_sample_tokens.speculators_0_4"

@@ -14,8 +14,9 @@ from typing import Any
 
 from ..patching import Patcher
 from ..record import Adapter, Side
-from ..targets import Proxy, require_in_source
+from ..targets import require_in_source
 from ..versions import spec
+from ..wrappers import Proxy
 
 ID = "vllm.kimi_k25_cuda_current_device"
 KIMI_K25 = "vllm.model_executor.models.kimi_k25"

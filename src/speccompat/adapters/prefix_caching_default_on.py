@@ -13,8 +13,9 @@ import re
 
 from ..patching import Patcher
 from ..record import Adapter, Side
-from ..targets import GENERATOR, module_source, with_defaults
+from ..targets import GENERATOR, module_source
 from ..versions import spec
+from ..wrappers import with_defaults
 
 ID = "vllm.prefix_caching_default_on"
 

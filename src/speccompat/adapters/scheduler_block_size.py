@@ -15,8 +15,9 @@ from typing import Any
 
 from ..patching import Patcher
 from ..record import Adapter, Side
-from ..targets import GENERATOR, source_def, with_defaults
+from ..targets import GENERATOR, source_def
 from ..versions import spec
+from ..wrappers import with_defaults
 
 ID = "vllm.scheduler_block_size"
 ID_V04 = "vllm.scheduler_block_size.speculators_0_4"

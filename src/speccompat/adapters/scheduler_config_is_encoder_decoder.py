@@ -11,8 +11,9 @@ import re
 
 from ..patching import Patcher
 from ..record import Adapter, Side
-from ..targets import GENERATOR, module_source, with_defaults
+from ..targets import GENERATOR, module_source
 from ..versions import spec
+from ..wrappers import with_defaults
 
 ID = "vllm.scheduler_config_is_encoder_decoder"
 

@@ -14,8 +14,9 @@ from typing import Any
 
 from ..patching import Patcher
 from ..record import Adapter, Side
-from ..targets import GENERATOR, Proxy, require_in_source, source_def, wrap_factory
+from ..targets import GENERATOR, require_in_source, source_def
 from ..versions import spec
+from ..wrappers import Proxy, wrap_factory
 
 ID = "vllm.warm_up_not_in_initialize"
 
