@@ -72,3 +72,23 @@ def layer_errors(
             off = int((token_errors(got, want[layer]) > token_threshold).sum())
             rows.append((layer, got.shape[0], mean, worst, off))
     return rows
+
+
+def layer_inputs(model_dir: Path, prompts: list[list[int]]) -> list[list[torch.Tensor]]:
+    """Per prompt, the input of every decoder layer and then the final pre-norm state, in
+    float32: the server path's ids 0..N (id 0 the embeddings, id N the input of the final
+    norm), which are ``output_hidden_states[0..N-1]`` and :func:`layer_outputs`' last."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    model.eval()
+    results = []
+    with torch.no_grad():
+        for prompt in prompts:
+            out = model(input_ids=torch.tensor([prompt]), use_cache=False,
+                        output_hidden_states=True)
+            states = [h[0].detach().clone() for h in out.hidden_states[:-1]]
+            results.append(states)
+    for states, outputs in zip(results, layer_outputs(model_dir, prompts), strict=True):
+        states.append(outputs[-1])
+    return results

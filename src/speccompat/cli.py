@@ -12,7 +12,8 @@ from importlib import metadata
 from pathlib import Path
 
 from . import matrix, registry, verify
-from .record import Adapter
+from .outcomes import State
+from .record import Adapter, ExtractionPath
 from .versions import detect
 
 # 128 + SIGPIPE, what a shell reports for a command whose reader went away (`... | head`).
@@ -30,19 +31,29 @@ exit codes:
 def doctor(as_json: bool) -> int:
     """Apply in this process and print what happened; 0 only when all is well."""
     env = detect(device=True)
+    in_process = [a for a in registry.catalogue() if a.path is ExtractionPath.IN_PROCESS]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        report = registry.apply(environment=env)
+        report = registry.apply(environment=env, adapters=in_process)
+        server_path = registry.server_verdict(env)
+    ok = report.ok and not any(o.state in (State.FAILED, State.UNSUPPORTED)
+                               for o in server_path)
     if as_json:
         payload = report.as_dict()
+        payload["ok"] = ok
+        payload["server_path"] = [o.as_dict() for o in server_path]
         payload["warnings"] = [str(w.message) for w in caught]
         print(json.dumps(payload, indent=2))
     else:
         print(report)
+        print("server path (vllm serve with extract_hidden_states; applied by the plugin):")
+        width = max((len(o.adapter) for o in server_path), default=0)
+        for o in server_path:
+            print(f"  {o.adapter:<{width}}  {o.state.value:<11}  {o.reason}")
         for w in caught:
             print(f"warning: {w.message}")
-        print("OK" if report.ok else "NOT OK: see the lines above")
-    return 0 if report.ok else 1
+        print("OK" if ok else "NOT OK: see the lines above")
+    return 0 if ok else 1
 
 
 def show_matrix(as_json: bool) -> int:

