@@ -356,3 +356,65 @@ class LayerIdRecord:
                 "record once you know.",
             ) from None
         return cls.from_json(text)
+
+
+# Architectures whose decoder stack is vLLM's DeepseekV2Model (DeepSeek V2/V3, Kimi-K2.x).
+_DEEPSEEK_FAMILY = ("Deepseek", "KimiK2")
+
+
+@dataclass(frozen=True)
+class ServableIds:
+    """The vLLM aux ids one installed vLLM can serve for one model, and why not the rest."""
+
+    low: int
+    high: int
+    limits: tuple[str, ...]
+
+    def check(self, ids: Iterable[object], where: str) -> list[int]:
+        """``ids`` as ints, or a :class:`LayerIdError` naming the first id outside
+        ``low..high`` (or repeated) and the range."""
+        checked = [_as_int(raw, f"{where} at position {at}") for at, raw in enumerate(ids)]
+        valid = f"{self.low}..{self.high}" + (f" ({'; '.join(self.limits)})"
+                                               if self.limits else "")
+        for at, layer_id in enumerate(checked):
+            if not self.low <= layer_id <= self.high:
+                raise LayerIdError(f"{where} {checked}: id {layer_id} (position {at}) cannot "
+                                   "be served", valid,
+                                   f"Choose ids in {self.low}..{self.high}.")
+            if layer_id in checked[:at]:
+                raise LayerIdError(f"{where} {checked}: id {layer_id} is repeated (position "
+                                   f"{at}); each id gives one state per token", valid,
+                                   "List each id once.")
+        return checked
+
+
+def servable_aux_ids(architecture: str, num_layers: int, vllm_version: str) -> ServableIds:
+    """Which ``eagle_aux_hidden_state_layer_ids`` vLLM's ``extract_hidden_states`` serves for
+    ``architecture`` on ``vllm_version`` (id k = input of decoder layer k, id
+    ``num_layers`` = the final pre-norm state), from the releases' model sources:
+
+    - DeepSeek V2/V3 and Kimi-K2.x (``DeepseekV2Model``): id 0 adds a residual that does not
+      exist yet before the first layer (TypeError, every release to 0.32); id
+      ``num_layers`` is captured only from 0.25.0 (vLLM PR #46973), before it the model
+      returns one state fewer than asked and the request fails.
+    - Every other architecture: 0..``num_layers``, except on 0.17.x, where the capture
+      happens only before each layer, so ``num_layers`` never matches.
+    """
+    from packaging.version import Version
+
+    version = Version(Version(vllm_version).base_version)
+    n = _num_layers(num_layers)
+    limits: list[str] = []
+    low, high = 0, n
+    if architecture.startswith(_DEEPSEEK_FAMILY):
+        if version <= Version("0.32.0"):
+            low = 1
+            limits.append(f"id 0 breaks {architecture}'s first layer on vLLM {version}")
+        if version < Version("0.25.0"):
+            high = n - 1
+            limits.append(f"id {n}, the final pre-norm state, needs vLLM >= 0.25.0 for "
+                          f"{architecture}")
+    elif version < Version("0.18.0"):
+        high = n - 1
+        limits.append(f"id {n}, the final pre-norm state, needs vLLM >= 0.18.0")
+    return ServableIds(low, high, tuple(limits))

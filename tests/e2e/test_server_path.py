@@ -125,3 +125,29 @@ def test_without_speccompat_the_cpu_build_writes_no_file(llama_fp32: Path,
     assert Path(f"{path}.lock").exists()
     assert "EngineDeadError" in log or "wait_event" in log or "NVIDIA driver" in log, log[-3000:]
     assert "server-path adapters applied" not in log
+
+
+def test_an_id_the_model_cannot_serve_stops_the_server_at_start(llama_fp32: Path,
+                                                                tmp_path: Path) -> None:
+    """Id N + 1 on a Llama with N layers: vllm serve exits before it is ready, and its log
+    names the id and the valid range (speccompat's LayerIdError from the worker)."""
+    n = _num_layers(llama_fp32)
+    with pytest.raises(RuntimeError, match="exited") as error, \
+            server.serve(llama_fp32, tmp_path, [1, n + 1], "--dtype", "float32"):
+        pass
+    text = str(error.value)
+    assert "LayerIdError" in text, text[-3000:]
+    assert f"id {n + 1} (position 1) cannot be served" in text
+    assert f"valid: 0..{n}" in text
+
+
+def test_without_speccompat_that_id_fails_the_first_request(llama_fp32: Path,
+                                                            tmp_path: Path) -> None:
+    """The raw behaviour: vLLM starts with the id and fails when a request runs."""
+    n = _num_layers(llama_fp32)
+    with server.serve(llama_fp32, tmp_path, [1, n + 1], "--dtype", "float32",
+                      env={"SPECCOMPAT_DISABLE": "1"}) as srv:
+        status, body = srv.completion(_prompts((12,))[0], timeout=300)
+        log = srv.log_tail(10**7)
+    assert status != 200 or "Error" in log, (status, body)
+    assert "LayerIdError" not in log

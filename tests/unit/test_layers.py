@@ -268,3 +268,45 @@ def test_public_names() -> None:
                  "hf_hidden_states_index", "to_speculators_ids", "to_vllm_aux_ids"):
         assert name in speccompat.__all__
         assert getattr(speccompat, name) is getattr(speccompat.layers, name)
+
+
+# --------------------------------------------------------------------------- servable ids
+
+
+@pytest.mark.parametrize(("architecture", "vllm", "low", "high"), [
+    ("LlamaForCausalLM", "0.26.0", 0, 4),
+    ("LlamaForCausalLM", "0.17.1", 0, 3),  # 0.17 captures before each layer only
+    ("LlamaForCausalLM", "0.18.0+cpu", 0, 4),
+    ("Qwen3ForCausalLM", "0.22.0", 0, 4),
+    ("DeepseekV3ForCausalLM", "0.22.0", 1, 3),  # no id 0, no final id before 0.25
+    ("DeepseekV3ForCausalLM", "0.25.0", 1, 4),
+    ("KimiK25ForConditionalGeneration", "0.24.0", 1, 3),
+    ("DeepseekV2ForCausalLM", "0.32.0", 1, 4),
+    ("DeepseekV3ForCausalLM", "0.33.0", 0, 4),  # not known broken there
+])
+def test_servable_aux_ids(architecture: str, vllm: str, low: int, high: int) -> None:
+    from speccompat.layers import servable_aux_ids
+
+    servable = servable_aux_ids(architecture, 4, vllm)
+    assert (servable.low, servable.high) == (low, high)
+    assert servable.check(list(range(low, high + 1)), "ids") == list(range(low, high + 1))
+
+
+def test_unservable_ids_name_the_id_and_the_range() -> None:
+    from speccompat.layers import LayerIdError, servable_aux_ids
+
+    servable = servable_aux_ids("DeepseekV3ForCausalLM", 4, "0.22.0")
+    with pytest.raises(LayerIdError) as error:
+        servable.check([1, 2, 4], "eagle_aux_hidden_state_layer_ids")
+    text = str(error.value)
+    assert "id 4 (position 2) cannot be served" in text
+    assert "valid: 1..3" in text and "needs vLLM >= 0.25.0" in text
+    assert "id 0 breaks DeepseekV3ForCausalLM's first layer" in text
+    with pytest.raises(LayerIdError, match=r"id 0 \(position 0\) cannot be served"):
+        servable.check([0, 1], "ids")
+    with pytest.raises(LayerIdError, match="id 2 is repeated"):
+        servable_aux_ids("LlamaForCausalLM", 4, "0.26.0").check([1, 2, 2], "ids")
+    with pytest.raises(LayerIdError, match=r"id 5 \(position 0\) cannot be served"):
+        servable_aux_ids("LlamaForCausalLM", 4, "0.26.0").check([5], "ids")
+    with pytest.raises(LayerIdError, match="id -1"):
+        servable_aux_ids("LlamaForCausalLM", 4, "0.26.0").check([-1], "ids")

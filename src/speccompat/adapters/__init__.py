@@ -20,6 +20,7 @@ from . import (
     cpu_attention_block_size,
     cpu_mem_get_info,
     execute_model_sample_tokens,
+    extract_hidden_states_layer_ids,
     get_hash_fn_by_name_moved,
     hidden_states_connector_cpu_writer,
     kimi_k25_cuda_current_device,
@@ -66,4 +67,5 @@ ADAPTERS: tuple[Adapter, ...] = (
     kimi_k25_unfused_qkv_a_proj.ADAPTER,
     # The server path (speculators >= 0.5 through vllm serve): applied by the plugin.
     hidden_states_connector_cpu_writer.ADAPTER,
+    extract_hidden_states_layer_ids.ADAPTER,
 )

@@ -1,0 +1,90 @@
+"""vLLM starts an ``extract_hidden_states`` server with any
+``eagle_aux_hidden_state_layer_ids`` and fails only when the model runs: an id the model
+cannot serve (out of range, repeated, DeepSeek's id 0, DeepSeek's final id before 0.25.0)
+makes the model return a different number of states than the connector's cache holds, and
+the first request gets HTTP 500 and kills the engine ("The expanded size of the tensor (4)
+must match the existing size (3)"), or warm-up raises a TypeError.
+
+The worker checks the ids against what the installed vLLM serves for the model
+(``speccompat.layers.servable_aux_ids``) where the model runner sets them up, so such a
+server refuses to start with a :class:`~speccompat.layers.LayerIdError` naming the id and
+the valid range.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from ..layers import servable_aux_ids
+from ..patching import Patcher
+from ..record import Adapter, ExtractionPath, Side
+from ..targets import require_in_source
+from ..versions import spec
+
+ID = "vllm.extract_hidden_states_layer_ids"
+RUNNER = "vllm.v1.worker.gpu_model_runner"
+SETUP = "_setup_eagle3_aux_hidden_state_outputs"
+FROM_CONFIG = "_get_eagle3_aux_layers_from_config"
+IDS = "eagle_aux_hidden_state_layer_ids"
+
+
+def check_runner_ids(runner: Any) -> None:
+    """Refuse the runner's configured aux ids if its model cannot serve them."""
+    speculative = getattr(runner, "speculative_config", None)
+    if getattr(speculative, "method", None) != "extract_hidden_states":
+        return
+    ids = getattr(runner, FROM_CONFIG)()
+    if not ids:
+        return
+    import vllm
+
+    config = runner.model_config
+    text = config.hf_config.get_text_config()
+    architecture = (config.architectures or [type(runner.get_model()).__name__])[0]
+    servable = servable_aux_ids(architecture, text.num_hidden_layers, vllm.__version__)
+    servable.check(ids, f"{IDS} for {architecture} on vLLM {vllm.__version__}")
+
+
+def _checked(setup: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(setup)
+    def setup_eagle3_aux_hidden_state_outputs(self: Any) -> Any:
+        check_runner_ids(self)
+        return setup(self)
+
+    return setup_eagle3_aux_hidden_state_outputs
+
+
+def _probe() -> str | None:
+    return require_in_source(RUNNER, f"def {SETUP}(self)", f"def {FROM_CONFIG}(self)")
+
+
+def _patch(patcher: Patcher) -> None:
+    def on_runner(module: ModuleType) -> None:
+        patcher.wrap(module.GPUModelRunner, SETUP, _checked)
+
+    patcher.on_import(RUNNER, on_runner)
+
+
+ADAPTER = Adapter(
+    id=ID,
+    summary="an extract_hidden_states server refuses, at start-up, layer ids its model "
+    "cannot serve",
+    why="vLLM starts with any ids; one the model cannot serve kills the engine at the first "
+    "request (HTTP 500, 'expanded size of the tensor') or at warm-up",
+    how="wraps GPUModelRunner._setup_eagle3_aux_hidden_state_outputs (the CPU runner's too) "
+    "to check the configured ids with layers.servable_aux_ids and raise LayerIdError",
+    upstream="vLLM 0.17.0: extract_hidden_states takes eagle_aux_hidden_state_layer_ids "
+    "unchecked; DeepseekV2Model serves the final id only from 0.25.0",
+    upstream_ref="none found: vLLM never checked the ids; the DeepSeek final-layer capture is "
+    "vLLM PR #46973 (0.25.0)",
+    vllm=spec(">=0.17.0"),
+    speculators=None,
+    side=Side.WORKER,
+    path=ExtractionPath.SERVER,
+    probe=_probe,
+    patch=_patch,
+    remove_when="vLLM validates the aux layer ids against the model at start-up",
+)

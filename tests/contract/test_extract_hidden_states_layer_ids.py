@@ -1,0 +1,90 @@
+"""vLLM takes any eagle_aux_hidden_state_layer_ids for extract_hidden_states; the adapter
+checks them where the model runner sets them up, against ``layers.servable_aux_ids``.
+
+The table in ``servable_aux_ids`` rests on the model sources read here per release (the
+DeepSeek final-layer capture from 0.25.0, the residual added before DeepSeek's first layer,
+Llama's capture after the last layer from 0.18.0). The server refusing unservable ids at
+start-up, and the raw first-request failure, are in tests/e2e/test_server_path.py."""
+
+from __future__ import annotations
+
+import pytest
+
+import speccompat
+from speccompat.adapters.extract_hidden_states_layer_ids import FROM_CONFIG, ID, RUNNER, SETUP
+from speccompat.layers import servable_aux_ids
+from speccompat.patching import patched_by
+from speccompat.record import ExtractionPath
+from speccompat.targets import source_def
+from support import needs_adapter, requires_vllm
+
+pytestmark = requires_vllm
+applies = needs_adapter(ID, "vLLM has no extract_hidden_states before 0.17.0")
+DEEPSEEK = "vllm.model_executor.models.deepseek_v2"
+LLAMA = "vllm.model_executor.models.llama"
+
+
+def _installed() -> str:
+    env = speccompat.detect()
+    assert env.vllm is not None
+    return str(env.vllm.version)
+
+
+def _body(module: str, qualname: str) -> str:
+    found = source_def(module, qualname)
+    assert found is not None, f"{module}.{qualname} not found"
+    return found.text
+
+
+@applies
+def test_raw_vllm_takes_the_ids_unchecked() -> None:
+    body = _body(RUNNER, f"GPUModelRunner.{FROM_CONFIG}")
+    assert "eagle_aux_hidden_state_layer_ids" in body
+    assert "num_hidden_layers" not in body and "raise" not in body
+
+
+@applies
+def test_raw_deepseek_serves_the_final_id_only_from_0_25() -> None:
+    forward = _body(DEEPSEEK, "DeepseekV2Model.forward")
+    final = "if self.end_layer in self.aux_hidden_state_layers" in forward
+    table = servable_aux_ids("DeepseekV3ForCausalLM", 4, _installed()).high == 4
+    assert final is table, (_installed(), final)
+
+
+@applies
+def test_raw_deepseek_id_0_adds_a_residual_that_does_not_exist_yet() -> None:
+    forward = _body(DEEPSEEK, "DeepseekV2Model.forward")
+    assert "residual = None" in forward  # before the first layer
+    assert "aux_hidden_state = hidden_states + residual" in forward or (
+        "aux_hidden_states.append(hidden_states + residual)" in forward)
+    assert servable_aux_ids("DeepseekV3ForCausalLM", 4, _installed()).low == 1
+
+
+@applies
+def test_raw_llama_serves_the_final_id_from_0_18() -> None:
+    forward = _body(LLAMA, "LlamaModel.forward")
+    after_each = "idx + 1" in forward  # the state after layer idx is id idx + 1
+    assert after_each is (servable_aux_ids("LlamaForCausalLM", 4, _installed()).high == 4)
+
+
+@applies
+def test_the_runner_setup_is_wrapped_and_reverted() -> None:
+    from vllm.v1.worker import gpu_model_runner
+
+    original = vars(gpu_model_runner.GPUModelRunner)[SETUP]
+    report = speccompat.apply(only=[ID], paths=(ExtractionPath.SERVER,), judge_support=False)
+    try:
+        assert report.state_of(ID) is speccompat.State.APPLIED
+        assert patched_by(vars(gpu_model_runner.GPUModelRunner)[SETUP]) == ID
+    finally:
+        speccompat.revert()
+    assert vars(gpu_model_runner.GPUModelRunner)[SETUP] is original
+
+
+@pytest.mark.parametrize("ids", [[1, 2, 5], [2, 2]])
+@applies
+def test_the_check_refuses_what_the_model_cannot_serve(ids: list[int]) -> None:
+    from speccompat.layers import LayerIdError
+
+    with pytest.raises(LayerIdError):
+        servable_aux_ids("LlamaForCausalLM", 4, _installed()).check(ids, "ids")
