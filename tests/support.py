@@ -129,6 +129,13 @@ def run_python(*args: str, env: Mapping[str, str] | None = None, unset: Iterable
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 
+def _head_and_tail(text: str, head: int = 2000, tail: int = 5000) -> str:
+    """A long failure's start (which test, where) and end (the exception itself)."""
+    if len(text) <= head + tail:
+        return text
+    return f"{text[:head]}\n[... {len(text) - head - tail} characters ...]\n{text[-tail:]}"
+
+
 def in_fresh_process(request: pytest.FixtureRequest) -> bool:
     """For a test that needs a process of its own: True in that process; elsewhere runs
     the test there (pytest on its node id), passes its skip or failure on, and returns
@@ -148,7 +155,7 @@ def in_fresh_process(request: pytest.FixtureRequest) -> bool:
         pytest.skip(skipped.group(1))
     failures = output.find("= FAILURES =")  # the traceback, not the log lines after it
     assert run.returncode == 0 and " passed" in output, (
-        output[failures:failures + 6000] if failures >= 0 else output[-6000:])
+        _head_and_tail(output[failures:] if failures >= 0 else output))
     return False
 
 

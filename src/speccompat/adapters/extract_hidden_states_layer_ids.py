@@ -45,7 +45,7 @@ def check_runner_ids(runner: Any) -> None:
     text = config.hf_config.get_text_config()
     architecture = (config.architectures or [type(runner.get_model()).__name__])[0]
     servable = servable_aux_ids(architecture, text.num_hidden_layers, vllm.__version__)
-    servable.check(ids, f"{IDS} for {architecture} on vLLM {vllm.__version__}")
+    servable.check(ids, f"{IDS} {list(ids)} for {architecture} on vLLM {vllm.__version__}")
 
 
 def _checked(setup: Callable[..., Any]) -> Callable[..., Any]:
