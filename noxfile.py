@@ -15,7 +15,7 @@
                                      the contract tests
     nox -s bench                     bench/: speccompat on (0.16.0, 0.3.0) vs native (0.16.0, 0.4.0)
     nox -s demo                      the seed pair, broken then fixed
-    nox -s gpu -- --vllm 0.22.0      on a machine with CUDA GPUs
+    nox -s gpu -- --vllm 0.26.0 --speculators 0.4.0   on a machine with CUDA GPUs
 
 Installing a cell (``install_into``, which can target any Python) as a user upgrading vLLM
 does: the recipe is planned in tools/cells.py (``install_plan``) and run here. Releases
@@ -270,15 +270,20 @@ def demo(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def gpu(session: nox.Session) -> None:
-    """The e2e checks on CUDA: ``nox -s gpu -- --vllm 0.22.0 [pytest args]``."""
+    """The e2e checks on CUDA: ``nox -s gpu -- --vllm 0.26.0 --speculators 0.4.0
+    [--transformers 4.57.6] [pytest args]``: installed as a user upgrading vLLM does
+    (speculators, then vLLM with its requirements winning; the transformers that resolves),
+    or with ``--transformers`` resolved together with vLLM's requirements."""
     args = list(session.posargs)
-    vllm = "0.22.0"
-    if "--vllm" in args:
-        at = args.index("--vllm")
-        vllm = args[at + 1]
-        del args[at:at + 2]
-    # speculators 0.3.0 imports only under transformers 4.x, which vLLM <= 0.23 accepts.
-    session.install(f"vllm=={vllm}", "speculators==0.3.0", "transformers<5", "-e", ".", *TEST_DEPS)
+    chosen = {"--vllm": "0.22.0", "--speculators": "0.3.0", "--transformers": ""}
+    for flag in chosen:
+        if flag in args:
+            at = args.index(flag)
+            chosen[flag] = args[at + 1]
+            del args[at:at + 2]
+    pins = (f"transformers=={chosen['--transformers']}",) if chosen["--transformers"] else ()
+    install_into(session, session_python(session), f"vllm=={chosen['--vllm']}",
+                 chosen["--speculators"], pins, cpu_build=False)
     env = {"VLLM_WORKER_MULTIPROC_METHOD": "spawn", "VLLM_USE_FLASHINFER_SAMPLER": "0"}
     session.run("pytest", "tests/gpu", "-p", "no:cacheprovider", *args, env=env)
 
