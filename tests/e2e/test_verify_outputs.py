@@ -355,11 +355,42 @@ def test_truncated_safetensors(tmp_path: Path, capsys: pytest.CaptureFixture[str
 def test_safetensors_wrong_layer_count(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     save_file = pytest.importorskip("safetensors.torch").save_file
     data = write_safetensors_dir(tmp_path / "out")
-    save_file({"hidden_states": torch.zeros(7, 3, HIDDEN, dtype=torch.bfloat16),
+    save_file({"hidden_states": torch.randn(7, 3, HIDDEN).to(torch.bfloat16),
                "token_ids": torch.arange(7)}, str(data / "hs_1.safetensors"))
     code, payload = verify_json(capsys, str(data))
     assert code == 1
     assert only_failure(payload)["reasons"] == ["3 layers, expected 4 (most files)"]
+
+
+def test_safetensors_all_zero_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Rows nobody wrote (vLLM 0.22-0.24's connector on hybrid models reads unwritten
+    cache slots): flagged per layer with their count, in data written before speccompat."""
+    save_file = pytest.importorskip("safetensors.torch").save_file
+    data = write_safetensors_dir(tmp_path / "out")
+    states = torch.randn(9, 4, HIDDEN).to(torch.bfloat16)
+    states[2:5, 1] = 0
+    states[7, 3] = 0
+    save_file({"hidden_states": states, "token_ids": torch.arange(9)},
+              str(data / "hs_2.safetensors"))
+    code, payload = verify_json(capsys, str(data))
+    assert code == 1
+    (reason,) = only_failure(payload)["reasons"]
+    assert reason.startswith("all-zero rows (tokens whose state is exactly 0) in layer 1: 3 "
+                             "of 9; layer 3: 1 of 9")
+
+
+def test_safetensors_copied_layer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """What vLLM 0.26 writes for an id its model cannot serve: another id's state again."""
+    save_file = pytest.importorskip("safetensors.torch").save_file
+    data = write_safetensors_dir(tmp_path / "out")
+    states = torch.randn(6, 4, HIDDEN).to(torch.bfloat16)
+    states[:, 3] = states[:, 1]
+    save_file({"hidden_states": states, "token_ids": torch.arange(6)},
+              str(data / "hs_0.safetensors"))
+    code, payload = verify_json(capsys, str(data))
+    assert code == 1
+    (reason,) = only_failure(payload)["reasons"]
+    assert reason.startswith("layer slots 1 and 3 hold identical states for every token")
 
 
 @pytest.mark.parametrize("make", ["empty", "nonexistent"])

@@ -226,12 +226,39 @@ def check_safetensors(torch: Any, load_file: Any, sample: SampleFile) -> _Observ
         if bad:
             seen.reasons.append(f"non-finite values (NaN/inf) in layers {_some(bad)} "
                                 f"({int(per_layer.sum().item())} values)")
+        seen.reasons.extend(_zero_rows(states) + _copied_layers(torch, states))
     mask = data.get("loss_mask")
     if mask is not None:
         length = _length(torch, mask)
         if length is None or (rows is not None and length != rows):
             seen.reasons.append(f"loss_mask of shape {_shape(mask)}, but token_ids has {rows}")
     return seen
+
+
+def _zero_rows(states: Any) -> list[str]:
+    """Tokens whose state is exactly zero in a layer: no real token's hidden state is, so
+    they are rows nobody wrote (vLLM 0.22-0.24's connector on hybrid models)."""
+    zero = (states == 0).all(dim=2)  # [tokens, layers]
+    per_layer = zero.sum(dim=0).tolist()
+    found = [f"layer {i}: {n} of {states.shape[0]}" for i, n in enumerate(per_layer) if n]
+    if not found:
+        return []
+    return [f"all-zero rows (tokens whose state is exactly 0) in {'; '.join(found)}: "
+            "states nobody wrote, not a model's output"]
+
+
+def _copied_layers(torch: Any, states: Any) -> list[str]:
+    """Two layer slots equal for every token: vLLM fills the slot of an id its model cannot
+    serve with another id's state (ids beyond num_hidden_layers on vLLM 0.26)."""
+    layers = int(states.shape[1])
+    pairs = [(i, j) for i in range(layers) for j in range(i + 1, layers)
+             if torch.equal(states[:, i], states[:, j]) and bool(states[:, i].any())]
+    if not pairs:
+        return []
+    listed = ", ".join(f"{i} and {j}" for i, j in pairs)
+    return [f"layer slots {listed} hold identical states for every token: one of each pair "
+            "is most likely a layer id the model could not serve (vLLM copies another id's "
+            "state there; speccompat's vllm.extract_hidden_states_layer_ids refuses such ids)"]
 
 
 def import_torch() -> Any:
