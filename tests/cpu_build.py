@@ -22,6 +22,7 @@ class CpuBuildBug:
     summary: str
     vllm: str = ""  # the releases it was measured on, as a specifier; "" for any
     ipex_only: bool = False  # only builds that ship intel_extension_for_pytorch
+    amx_only: bool = False  # only on processors with AMX tiles
 
     def present(self) -> bool:
         env = speccompat.detect()
@@ -29,6 +30,11 @@ class CpuBuildBug:
             return False
         if self.vllm and env.vllm.version not in spec(self.vllm):
             return False
+        if self.amx_only:
+            import torch
+
+            if not torch._C._cpu._is_amx_tile_supported():
+                return False
         return not self.ipex_only or importlib.util.find_spec(
             "intel_extension_for_pytorch") is not None
 
@@ -69,3 +75,11 @@ IPEX_NOAUX_TC_ROUTING = CpuBuildBug(
 DEEPSEEK_WITHOUT_MLA_DIFFERS = CpuBuildBug(
     "vLLM's own DeepSeek V3 forward without MLA differs from HF after the first token",
     vllm=">=0.12.0,<0.15.0")
+
+# Measured on 0.16.0 on a Xeon with AMX (amx_bf16): for a bf16 model at the default block
+# size the CPU attention picks its AMX kernel, which rejects the tiny DeepSeek's 4 heads of
+# 32 ("Unsupported CPU attention configuration: head_dim=32 isa=0", vLLM's own forward).
+# 0.22.0 runs it on the same machine. Releases between were not measured there.
+AMX_ATTENTION_HEAD_DIM_32 = CpuBuildBug(
+    "the AMX attention kernel rejects a bf16 model with 4 heads of 32", vllm="<0.22.0",
+    amx_only=True)
