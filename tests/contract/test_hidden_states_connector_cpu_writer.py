@@ -48,12 +48,15 @@ def _connector() -> ModuleType:
 def _write_like_the_connector(module: ModuleType, path: Path) -> dict[str, Any]:
     """The writer's steps with the module's own ``torch`` and functions: a paged cache of
     3 blocks of 4 slots, a request on blocks [2, 0] with 6 tokens, copied on the copy
-    stream into pinned memory, then ``_write_tensors`` with the copy's event."""
+    stream into pinned memory, then ``_write_tensors`` with the copy's event. The cache is
+    [3, 4, 4, hidden], so it reads the same whether the release puts the slot in dimension
+    1 (0.22-0.26) or 2 (0.32)."""
     import torch
 
     hidden = 8
-    kv = torch.arange(3 * 4 * 2 * hidden, dtype=torch.float32).reshape(3, 4, 2, hidden)
+    kv = torch.arange(3 * 4 * 4 * hidden, dtype=torch.float32).reshape(3, 4, 4, hidden)
     slots = torch.tensor([8, 9, 10, 11, 0, 1])
+    expected = module.extract_from_kv_cache(kv, slots, 6).clone()  # no CUDA primitive here
     t = module.torch
     stream = t.cuda.Stream()
     ready = t.cuda.Event()
@@ -69,7 +72,7 @@ def _write_like_the_connector(module: ModuleType, path: Path) -> dict[str, Any]:
     tensors = {"hidden_states": pinned, "token_ids": torch.arange(6)}
     module.ExampleHiddenStatesConnector._write_tensors(tensors, done, str(path), None)
     assert done.query()
-    return {"expected": kv[[2, 2, 2, 2, 0, 0], [0, 1, 2, 3, 0, 1]], "path": path}
+    return {"expected": expected, "path": path}
 
 
 @vllm_in(">=0.22.0", "the connector has no asynchronous CUDA writer before 0.22.0")
