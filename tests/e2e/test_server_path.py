@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -117,8 +118,6 @@ def test_without_speccompat_the_cpu_build_writes_no_file(llama_fp32: Path,
         for _ in range(60):
             if not srv.alive() or "EngineDeadError" in srv.log_tail(10**7):
                 break
-            import time
-
             time.sleep(1)
         log = srv.log_tail(10**7)
     assert not path.exists()
