@@ -83,3 +83,20 @@ DEEPSEEK_WITHOUT_MLA_DIFFERS = CpuBuildBug(
 AMX_ATTENTION_HEAD_DIM_32 = CpuBuildBug(
     "the AMX attention kernel rejects a bf16 model with 4 heads of 32", vllm="<0.22.0",
     amx_only=True)
+
+# The server path (``extract_hidden_states`` through ``vllm serve``) on the CPU builds.
+# Measured with speccompat disabled: 0.17-0.21's CPU model runner never sets the aux layers
+# ("ValueError" at warm-up); 0.23 and 0.24's CPU triton stub lacks USE_FP64_GUMBEL, so no
+# speculative-decoding engine starts at all (the issue's command fails the same way).
+SERVER_NO_AUX_LAYERS = CpuBuildBug(
+    "the CPU model runner never sets extract_hidden_states' aux layers (warm-up ValueError)",
+    vllm="<0.22.0")
+SERVER_SPEC_DECODE_GUMBEL = CpuBuildBug(
+    "no speculative-decoding engine starts (the CPU triton stub lacks USE_FP64_GUMBEL)",
+    vllm=">=0.23.0,<0.25.0")
+# Measured on 0.22.0 (and in CI at 902e864): a float32 MoE model takes cpu_fused_moe's
+# torch path, whose op asks for the current vLLM config inside the worker's forward
+# ("Current vLLM config is not set"); bf16 takes the compiled kernel and runs.
+MOE_FP32_NEEDS_CURRENT_CONFIG = CpuBuildBug(
+    "a float32 MoE forward asks for a current vLLM config inside the worker",
+    vllm=">=0.22.0,<0.23.0")

@@ -29,6 +29,12 @@ CONNECTOR = "ExampleHiddenStatesConnector"
 # Engine start on the 2-core test machines: 25-90 s alone, several minutes beside a
 # second engine.
 READY_SECONDS = 900.0
+# vLLM's CPU build runs the tiny DeepSeek V3 without MLA and with the native RoPE (the CPU
+# rotary kernel rotates the wrong rows of its 3-D query; see tests/tiny_models.py).
+DEEPSEEK_CPU_ENV = {"VLLM_MLA_DISABLE": "1"}
+DEEPSEEK_CPU_ARGS = ("--compilation-config", '{"custom_ops": ["all", "-rotary_embedding"]}')
+# vLLM 0.22-0.23's connector refuses chunked prefill, which `vllm serve` turns on by default.
+NO_CHUNKED_PREFILL = ("--no-enable-chunked-prefill",)
 
 
 def free_port() -> int:
@@ -94,16 +100,17 @@ def _healthy(url: str) -> bool:
 
 @contextlib.contextmanager
 def serve(model: Path, workdir: Path, layer_ids: Sequence[int], *extra: str,
-          env: dict[str, str] | None = None) -> Iterator[Server]:
+          env: dict[str, str] | None = None, eager: bool = True) -> Iterator[Server]:
     """``vllm serve MODEL`` with ``extract_hidden_states`` and the stock connector writing
-    to ``workdir/hs``; yields once ``/health`` answers; stops the server by its PID."""
+    to ``workdir/hs``; yields once ``/health`` answers; stops the server by its PID.
+    ``eager=False`` keeps vLLM's compilation and CUDA graphs (what users run on a GPU)."""
     storage = workdir / "hs"
     storage.mkdir(parents=True, exist_ok=True)
     log = workdir / "server.log"
     port = free_port()
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
                "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
-               "--max-model-len", "1024", "--enforce-eager",
+               "--max-model-len", "1024", *(["--enforce-eager"] if eager else []),
                "--speculative-config", speculative_config(layer_ids),
                "--kv-transfer-config", kv_transfer_config(storage), *extra]
     environ = {**os.environ, **(env or {})}  # conftest set CPU_ENV and the preloads
@@ -175,3 +182,42 @@ def write_preprocessed(directory: Path, prompts: list[list[int]]) -> Path:
     }).with_format("torch")
     data.save_to_disk(str(directory))
     return directory
+
+
+def skip_unless_the_cpu_build_serves() -> None:
+    """Skip where this vLLM build cannot run the server path at all, saying why."""
+    import pytest
+
+    import cpu_build
+    from support import contract_only_reason
+
+    if why := contract_only_reason():
+        pytest.skip(why)
+    for bug in (cpu_build.SERVER_NO_AUX_LAYERS, cpu_build.SERVER_SPEC_DECODE_GUMBEL):
+        bug.skip_if_present("the source facts are checked by this file's raw tests")
+
+
+
+def fetch_states(srv: Server, prompt: list[int]) -> Any:
+    """One request's ``hidden_states`` [tokens, ids, hidden], read as the client does (once
+    the writer released ``<path>.lock``); AssertionError with the server's log otherwise."""
+    from safetensors.torch import load_file
+
+    status, body = srv.completion(prompt)
+    assert status == 200, f"HTTP {status}: {body}\n{srv.log_tail()}"
+    path = Path(body["kv_transfer_params"]["hidden_states_path"])
+    wait_until_written(path)
+    data = load_file(str(path))
+    assert data["token_ids"].tolist() == prompt
+    return data["hidden_states"]
+
+
+def wait_for_engine_death(srv: Server, seconds: float = 120.0) -> str:
+    """The server's whole log once its engine died (or ``seconds`` passed)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        log = srv.log_tail(10**7)
+        if not srv.alive() or "EngineDeadError" in log or "EngineCore encountered" in log:
+            return log
+        time.sleep(1)
+    return srv.log_tail(10**7)

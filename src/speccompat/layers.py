@@ -385,10 +385,19 @@ class ServableIds:
                 raise LayerIdError(f"{where}: id {layer_id} is repeated (position {at}); "
                                    "each id gives one state per token", valid,
                                    "List each id once.")
+            if at and layer_id < checked[at - 1]:
+                # vLLM stacks the states in layer order, whatever order the ids came in.
+                raise LayerIdError(f"{where}: id {layer_id} (position {at}) comes after "
+                                   f"id {checked[at - 1]}; vLLM writes the states in layer "
+                                   "order, so the file's slots would not match the ids",
+                                   valid + ", ascending",
+                                   f"List the ids in ascending order: {sorted(checked)}.")
         return checked
 
 
-def servable_aux_ids(architecture: str, num_layers: int, vllm_version: str) -> ServableIds:
+def servable_aux_ids(architecture: str, num_layers: int, vllm_version: str, *,
+                     first_id_repaired: bool = False,
+                     final_id_repaired: bool = False) -> ServableIds:
     """Which ``eagle_aux_hidden_state_layer_ids`` vLLM's ``extract_hidden_states`` serves for
     ``architecture`` on ``vllm_version`` (id k = input of decoder layer k, id
     ``num_layers`` = the final pre-norm state), from the releases' model sources:
@@ -399,6 +408,10 @@ def servable_aux_ids(architecture: str, num_layers: int, vllm_version: str) -> S
       returns one state fewer than asked and the request fails.
     - Every other architecture: 0..``num_layers``, except on 0.17.x, where the capture
       happens only before each layer, so ``num_layers`` never matches.
+
+    ``first_id_repaired`` / ``final_id_repaired``: speccompat's DeepSeek adapters
+    (``deepseek_first_layer_residual``, ``deepseek_final_layer_capture``) are applied in the
+    process that runs the model, so those ids are served after all.
     """
     from packaging.version import Version
 
@@ -407,10 +420,10 @@ def servable_aux_ids(architecture: str, num_layers: int, vllm_version: str) -> S
     limits: list[str] = []
     low, high = 0, n
     if architecture.startswith(_DEEPSEEK_FAMILY):
-        if version <= Version("0.32.0"):
+        if version <= Version("0.32.0") and not first_id_repaired:
             low = 1
             limits.append(f"id 0 breaks {architecture}'s first layer on vLLM {version}")
-        if version < Version("0.25.0"):
+        if version < Version("0.25.0") and not final_id_repaired:
             high = n - 1
             limits.append(f"id {n}, the final pre-norm state, needs vLLM >= 0.25.0 for "
                           f"{architecture}")

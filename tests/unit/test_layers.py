@@ -310,3 +310,25 @@ def test_unservable_ids_name_the_id_and_the_range() -> None:
         servable_aux_ids("LlamaForCausalLM", 4, "0.26.0").check([5], "ids")
     with pytest.raises(LayerIdError, match="id -1"):
         servable_aux_ids("LlamaForCausalLM", 4, "0.26.0").check([-1], "ids")
+
+
+def test_ids_out_of_order_are_refused_with_the_sorted_list() -> None:
+    """vLLM stacks the states in layer order: [3, 1] would put id 1's state in id 3's slot."""
+    from speccompat.layers import LayerIdError, servable_aux_ids
+
+    with pytest.raises(LayerIdError) as error:
+        servable_aux_ids("LlamaForCausalLM", 4, "0.26.0").check([3, 1, 4], "ids")
+    text = str(error.value)
+    assert "id 1 (position 1) comes after id 3" in text
+    assert "[1, 3, 4]" in text
+
+
+@pytest.mark.parametrize(("first", "final", "low", "high"), [
+    (False, False, 1, 3), (True, False, 0, 3), (False, True, 1, 4), (True, True, 0, 4)])
+def test_deepseek_ids_served_once_speccompat_repairs_them(first: bool, final: bool, low: int,
+                                                          high: int) -> None:
+    from speccompat.layers import servable_aux_ids
+
+    servable = servable_aux_ids("DeepseekV3ForCausalLM", 4, "0.22.0",
+                                first_id_repaired=first, final_id_repaired=final)
+    assert (servable.low, servable.high) == (low, high)

@@ -19,6 +19,8 @@ from . import (
     config_dtype_annotation,
     cpu_attention_block_size,
     cpu_mem_get_info,
+    deepseek_final_layer_capture,
+    deepseek_first_layer_residual,
     execute_model_sample_tokens,
     extract_hidden_states_layer_ids,
     get_hash_fn_by_name_moved,
@@ -67,5 +69,7 @@ ADAPTERS: tuple[Adapter, ...] = (
     kimi_k25_unfused_qkv_a_proj.ADAPTER,
     # The server path (speculators >= 0.5 through vllm serve): applied by the plugin.
     hidden_states_connector_cpu_writer.ADAPTER,
+    deepseek_final_layer_capture.ADAPTER,
+    deepseek_first_layer_residual.ADAPTER,
     extract_hidden_states_layer_ids.ADAPTER,
 )

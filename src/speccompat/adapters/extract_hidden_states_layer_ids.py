@@ -7,10 +7,14 @@ state: silently wrong. DeepSeek's final id before 0.25.0 kills the engine at the
 request ("The expanded size of the tensor (4) must match the existing size (3)"), and its
 id 0 raises a TypeError at warm-up or at the first request.
 
+Ids out of order are worse still: vLLM stacks the states in layer order, so the file's
+slots silently stop matching the ids.
+
 The worker checks the ids against what the installed vLLM serves for the model
-(``speccompat.layers.servable_aux_ids``) where the model runner sets them up, so such a
-server refuses to start with a :class:`~speccompat.layers.LayerIdError` naming the id and
-the valid range.
+(``speccompat.layers.servable_aux_ids``, counting DeepSeek's first and final ids as served
+where speccompat's DeepSeek adapters are applied in the same process) where the model
+runner sets them up, so such a server refuses to start with a
+:class:`~speccompat.layers.LayerIdError` naming the id and the valid range.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from ..patching import Patcher
 from ..record import Adapter, ExtractionPath, Side
 from ..targets import require_in_source
 from ..versions import spec
+from . import deepseek_final_layer_capture, deepseek_first_layer_residual
 
 ID = "vllm.extract_hidden_states_layer_ids"
 RUNNER = "vllm.v1.worker.gpu_model_runner"
@@ -46,7 +51,12 @@ def check_runner_ids(runner: Any) -> None:
     config = runner.model_config
     text = config.hf_config.get_text_config()
     architecture = (config.architectures or [type(runner.get_model()).__name__])[0]
-    servable = servable_aux_ids(architecture, text.num_hidden_layers, vllm.__version__)
+    from .. import registry  # at call time: the registry imports this module
+
+    repaired = set(registry.active())
+    servable = servable_aux_ids(architecture, text.num_hidden_layers, vllm.__version__,
+                                first_id_repaired=deepseek_first_layer_residual.ID in repaired,
+                                final_id_repaired=deepseek_final_layer_capture.ID in repaired)
     servable.check(ids, f"{IDS} {list(ids)} for {architecture} on vLLM {vllm.__version__}")
 
 

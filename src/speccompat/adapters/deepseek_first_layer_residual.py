@@ -1,0 +1,123 @@
+"""``DeepseekV2Model`` (DeepSeek V2/V3, Kimi-K2.x, GLM-MoE-DSA) captures aux id k as
+``hidden_states + residual`` before decoder layer k, but before layer 0 the residual is
+still ``None``: with id 0 (the embeddings, HF ``output_hidden_states[0]``) an
+``extract_hidden_states`` server raises a TypeError at warm-up (vLLM 0.26) or at the first
+request (0.32). Every release with the capture, 0.18.0 to 0.32.0 at least, has it.
+
+The state vLLM means there is the embeddings themselves. The adapter computes them once,
+hands them to vLLM's own forward as ``inputs_embeds`` (which the forward takes instead of
+looking the tokens up, so nothing is computed twice) with id 0 hidden from the loop, and
+puts a copy in front of the states vLLM captured, where id 0's slot is (vLLM stacks the
+states in layer order).
+
+The model's ``aux_hidden_state_layers`` keeps what the runner set; only the loop's view of
+it leaves 0 out (a property on the class for the time the adapter is applied).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from ..patching import Patcher
+from ..record import Adapter, ExtractionPath, Side
+from ..targets import source_def
+from ..versions import spec
+
+ID = "vllm.deepseek_first_layer_residual"
+DEEPSEEK = "vllm.model_executor.models.deepseek_v2"
+MODEL = "DeepseekV2Model"
+AUX_LAYERS = "aux_hidden_state_layers"
+
+
+def _requested(stack: Any) -> tuple[int, ...]:
+    return tuple(vars(stack).get(AUX_LAYERS, ()))
+
+
+def _loop_view() -> property:
+    """``aux_hidden_state_layers`` as the runner set it, less id 0 for vLLM's loop."""
+
+    def get(stack: Any) -> tuple[int, ...]:
+        return tuple(i for i in _requested(stack) if i != 0)
+
+    def set_(stack: Any, layers: Any) -> None:
+        vars(stack)[AUX_LAYERS] = tuple(layers)
+
+    return property(get, set_)
+
+
+def _with_first_id(forward: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(forward)
+    def forward_with_id_0(self: Any, input_ids: Any, positions: Any,
+                          intermediate_tensors: Any = None, inputs_embeds: Any = None,
+                          *args: Any, **kwargs: Any) -> Any:
+        from vllm.distributed import get_pp_group
+
+        if 0 not in _requested(self) or not get_pp_group().is_first_rank:
+            return forward(self, input_ids, positions, intermediate_tensors, inputs_embeds,
+                           *args, **kwargs)
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_input_ids(input_ids)
+        # A copy: the first layer's in-place norms must not reach the captured state.
+        first_state = inputs_embeds.clone()
+        output = forward(self, input_ids, positions, intermediate_tensors, inputs_embeds,
+                         *args, **kwargs)
+        if isinstance(output, tuple):
+            hidden_states, captured = output
+            return hidden_states, [first_state, *captured]
+        if not get_pp_group().is_last_rank:
+            return output  # intermediate tensors: the capture is the last rank's to return
+        return output, [first_state]
+
+    return forward_with_id_0
+
+
+def _probe() -> str | None:
+    forward = source_def(DEEPSEEK, f"{MODEL}.forward")
+    if forward is None:
+        return f"{DEEPSEEK}.{MODEL}.forward not found"
+    text = forward.text
+    if "residual = None" not in text:
+        return f"{MODEL}.forward no longer starts the residual at None"
+    if "inputs_embeds" not in forward.params:
+        return f"{MODEL}.forward takes no inputs_embeds"
+    if "hidden_states = inputs_embeds" not in text:
+        return f"{MODEL}.forward does not use inputs_embeds in place of the token lookup"
+    adds = ("aux_hidden_states.append(hidden_states + residual)",
+            "aux_hidden_state = hidden_states + residual")
+    if not any(add in text for add in adds):
+        return f"{MODEL}.forward does not capture hidden_states + residual"
+    if f"if idx in self.{AUX_LAYERS}" not in text:
+        return f"{MODEL}.forward does not test idx in self.{AUX_LAYERS}"
+    return None
+
+
+def _patch(patcher: Patcher) -> None:
+    def on_deepseek(module: ModuleType) -> None:
+        model = getattr(module, MODEL)
+        patcher.add(model, AUX_LAYERS, _loop_view())
+        patcher.wrap(model, "forward", _with_first_id)
+
+    patcher.on_import(DEEPSEEK, on_deepseek)
+
+
+ADAPTER = Adapter(
+    id=ID,
+    summary="DeepSeek/Kimi servers capture id 0 (the embeddings)",
+    why="DeepseekV2Model adds a residual that is still None before its first layer: id 0 "
+    "raises a TypeError at warm-up (0.26) or at the first request (0.32)",
+    how="DeepseekV2Model.forward computes the embeddings, passes them to vLLM's forward as "
+    "inputs_embeds with id 0 hidden from its loop, and puts a copy in id 0's slot",
+    upstream="vLLM 0.18.0: DeepseekV2Model gains the EAGLE-3 aux capture as hidden_states + "
+    "residual before each layer, residual None before the first",
+    upstream_ref="none found: no vLLM issue or PR on DeepSeek aux id 0 as of vLLM 0.32.0",
+    vllm=spec(">=0.18.0"),
+    speculators=None,
+    side=Side.WORKER,
+    path=ExtractionPath.SERVER,
+    probe=_probe,
+    patch=_patch,
+    remove_when="vLLM's DeepseekV2Model captures id 0 without a residual",
+)

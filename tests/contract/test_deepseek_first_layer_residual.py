@@ -1,0 +1,104 @@
+"""DeepseekV2Model captures aux id k as ``hidden_states + residual`` before decoder layer k,
+and the residual is still None before layer 0: id 0 (the embeddings) fails at warm-up or at
+the first request on every release with the capture (0.18.0 .. 0.32.0). The adapter hands
+vLLM's forward the embeddings as ``inputs_embeds``, hides id 0 from its loop and puts a copy
+in id 0's slot.
+
+Raw, normalized and fails-without-it run a real server (tests/server.py) on the tiny
+DeepSeek V3; id 0 is compared with HF's ``output_hidden_states[0]`` bit for bit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import server
+from speccompat.adapters.deepseek_first_layer_residual import DEEPSEEK, ID, MODEL, _probe
+from speccompat.adapters.extract_hidden_states_layer_ids import ID as LAYER_ID_CHECK
+from support import needs_adapter, requires_vllm, source_text
+
+pytestmark = requires_vllm
+applies = needs_adapter(ID, "vLLM before 0.18.0 has no DeepSeek aux capture at all")
+IDS = [0, 1, 2]
+# bf16 model, HF in float32 on the same weights: mean absolute difference relative to the
+# mean magnitude (a bf16 MoE can route one token differently, so not the largest). Id 0 is
+# the embedding lookup itself: exact.
+BF16_MEAN_BOUND = 0.05
+
+
+def _prompts() -> list[list[int]]:
+    import tiny_models
+
+    return tiny_models.make_prompts(tiny_models.VOCAB_SIZE, [7, 33], seed=5)
+
+
+@applies
+def test_raw_the_residual_is_none_before_the_first_layer() -> None:
+    forward = source_text(DEEPSEEK, f"{MODEL}.forward")
+    first = forward.index("residual = None")
+    assert forward.index("hidden_states + residual") > first
+    assert _probe() is None
+
+
+@applies
+def test_raw_id_0_fails_before_any_file(tiny_deepseek: Path, tmp_path: Path) -> None:
+    """Without the adapter (and without the start-up check that would refuse id 0): a
+    TypeError adding None, at warm-up (the server never gets ready) or at the first
+    request (the engine dies)."""
+    server.skip_unless_the_cpu_build_serves()
+    env = {**server.DEEPSEEK_CPU_ENV, "SPECCOMPAT_SKIP": f"{ID},{LAYER_ID_CHECK}"}
+    try:
+        with server.serve(tiny_deepseek, tmp_path, IDS, *server.DEEPSEEK_CPU_ARGS,
+                          *server.NO_CHUNKED_PREFILL, env=env) as srv:
+            status, _ = srv.completion(_prompts()[0])
+            assert status != 200
+            server.wait_for_engine_death(srv)
+    except RuntimeError as error:
+        assert "exited" in str(error)
+    log = (tmp_path / "server.log").read_text(errors="replace")
+    assert "unsupported operand type(s) for +" in log and "NoneType" in log, log[-4000:]
+
+
+@applies
+def test_normalized_id_0_is_the_embeddings(tiny_deepseek: Path, tmp_path: Path) -> None:
+    import hf_reference
+
+    server.skip_unless_the_cpu_build_serves()
+    prompts = _prompts()
+    with server.serve(tiny_deepseek, tmp_path, IDS, *server.DEEPSEEK_CPU_ARGS,
+                      *server.NO_CHUNKED_PREFILL, env=server.DEEPSEEK_CPU_ENV) as srv:
+        states = [server.fetch_states(srv, prompt) for prompt in prompts]
+        log = srv.log_tail(10**7)
+    assert ID in log
+    reference = hf_reference.layer_inputs(tiny_deepseek, prompts)
+    for got, want in zip(states, reference, strict=True):
+        assert tuple(got.shape)[:2] == (len(want[0]), len(IDS))
+        assert got[:, 0].float().equal(want[0]), "id 0 is not the embedding lookup"
+        for slot, layer in enumerate(IDS[1:], start=1):
+            mean, _ = hf_reference.relative_errors(got[:, slot], want[layer])
+            print(f"id {layer}: mean relative error vs HF fp32 {mean:.2e}")
+            assert mean < BF16_MEAN_BOUND, f"id {layer}: {mean:.3e}"
+
+
+@pytest.mark.parametrize("ids", [[0, 1, 2], [2, 3]])
+@applies
+def test_the_loop_sees_the_ids_without_0_while_the_model_keeps_them(ids: list[int]) -> None:
+    """The class-level view the adapter adds, on the real DeepseekV2Model class (an
+    instance without __init__: only the attribute machinery is under test)."""
+    import speccompat
+    from speccompat.record import ExtractionPath
+
+    report = speccompat.apply(only=[ID], paths=(ExtractionPath.SERVER,), judge_support=False)
+    try:
+        assert report.state_of(ID) is speccompat.State.APPLIED
+        from vllm.model_executor.models import deepseek_v2
+
+        stack = deepseek_v2.DeepseekV2Model.__new__(deepseek_v2.DeepseekV2Model)
+        stack.aux_hidden_state_layers = tuple(ids)
+        assert stack.aux_hidden_state_layers == tuple(i for i in ids if i != 0)
+        assert vars(stack)["aux_hidden_state_layers"] == tuple(ids)
+    finally:
+        speccompat.revert()
+    assert "aux_hidden_state_layers" not in vars(deepseek_v2.DeepseekV2Model)
+    assert stack.aux_hidden_state_layers == tuple(ids)
