@@ -124,9 +124,11 @@ def test_a_prompt_longer_than_the_token_budget_matches_hf_fp32(llama_fp32: Path,
 def test_without_speccompat_vllm_refuses_chunked_prefill_at_start(llama_fp32: Path,
                                                                    tmp_path: Path) -> None:
     """The raw behaviour (only this adapter skipped): the server exits before it is ready,
-    with vLLM's ValueError."""
+    with vLLM's refusal (a ValueError inside pydantic's ValidationError for VllmConfig)."""
     with pytest.raises(RuntimeError, match="exited"), \
             server.serve(llama_fp32, tmp_path, [1, 2], *CHUNKED, env={"SPECCOMPAT_SKIP": ID}):
         pass
     text = (tmp_path / "server.log").read_text(errors="replace")
-    assert f"ValueError: {REFUSAL}" in text, text[-3000:]
+    assert "ValidationError: 1 validation error for VllmConfig" in text, text[-3000:]
+    assert f"Value error, {REFUSAL}" in text
+    assert "(--no-enable-chunked-prefill)" in text
