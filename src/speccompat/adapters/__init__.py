@@ -24,6 +24,7 @@ from . import (
     execute_model_sample_tokens,
     extract_hidden_states_layer_ids,
     get_hash_fn_by_name_moved,
+    hidden_states_connector_chunked_prefill,
     hidden_states_connector_cpu_writer,
     kimi_k25_cuda_current_device,
     kimi_k25_unfused_qkv_a_proj,
@@ -69,6 +70,7 @@ ADAPTERS: tuple[Adapter, ...] = (
     kimi_k25_unfused_qkv_a_proj.ADAPTER,
     # The server path (speculators >= 0.5 through vllm serve): applied by the plugin.
     hidden_states_connector_cpu_writer.ADAPTER,
+    hidden_states_connector_chunked_prefill.ADAPTER,
     deepseek_final_layer_capture.ADAPTER,
     deepseek_first_layer_residual.ADAPTER,
     extract_hidden_states_layer_ids.ADAPTER,
