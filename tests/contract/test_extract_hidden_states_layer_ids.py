@@ -1,5 +1,5 @@
 """vLLM takes any eagle_aux_hidden_state_layer_ids for extract_hidden_states; the adapter
-checks them where the model runner sets them up, against ``layers.servable_aux_ids``.
+checks them where the model runner reads them, against ``layers.servable_aux_ids``.
 
 The table in ``servable_aux_ids`` rests on the model sources read here per release (the
 DeepSeek final-layer capture from 0.25.0, the residual added before DeepSeek's first layer,
@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 import speccompat
-from speccompat.adapters.extract_hidden_states_layer_ids import FROM_CONFIG, ID, RUNNER, SETUP
+from speccompat.adapters.extract_hidden_states_layer_ids import FROM_CONFIG, ID, RUNNER
 from speccompat.layers import servable_aux_ids
 from speccompat.patching import patched_by
 from speccompat.record import ExtractionPath
@@ -68,17 +68,28 @@ def test_raw_llama_serves_the_final_id_from_0_18() -> None:
 
 
 @applies
-def test_the_runner_setup_is_wrapped_and_reverted() -> None:
+def test_the_runner_reads_the_ids_once_while_loading_the_model() -> None:
+    """0.17-0.21 read them inline in load_model, 0.22+ in _setup_eagle3_aux_hidden_state_outputs:
+    the one call site the wrapped method has on every release."""
+    source = _body(RUNNER, "GPUModelRunner.load_model")
+    setup = source_def(RUNNER, "GPUModelRunner._setup_eagle3_aux_hidden_state_outputs")
+    calls = source.count(f"self.{FROM_CONFIG}()") + (
+        setup.text.count(f"self.{FROM_CONFIG}()") if setup is not None else 0)
+    assert calls == 1
+
+
+@applies
+def test_the_ids_reader_is_wrapped_and_reverted() -> None:
     from vllm.v1.worker import gpu_model_runner
 
-    original = vars(gpu_model_runner.GPUModelRunner)[SETUP]
+    original = vars(gpu_model_runner.GPUModelRunner)[FROM_CONFIG]
     report = speccompat.apply(only=[ID], paths=(ExtractionPath.SERVER,), judge_support=False)
     try:
         assert report.state_of(ID) is speccompat.State.APPLIED
-        assert patched_by(vars(gpu_model_runner.GPUModelRunner)[SETUP]) == ID
+        assert patched_by(vars(gpu_model_runner.GPUModelRunner)[FROM_CONFIG]) == ID
     finally:
         speccompat.revert()
-    assert vars(gpu_model_runner.GPUModelRunner)[SETUP] is original
+    assert vars(gpu_model_runner.GPUModelRunner)[FROM_CONFIG] is original
 
 
 @pytest.mark.parametrize("ids", [[1, 2, 5], [2, 2]])

@@ -13,7 +13,7 @@ slots silently stop matching the ids.
 The worker checks the ids against what the installed vLLM serves for the model
 (``speccompat.layers.servable_aux_ids``, counting DeepSeek's first and final ids as served
 where speccompat's DeepSeek adapters are applied in the same process) where the model
-runner sets them up, so such a server refuses to start with a
+runner reads them, so such a server refuses to start with a
 :class:`~speccompat.layers.LayerIdError` naming the id and the valid range.
 """
 
@@ -33,18 +33,14 @@ from . import deepseek_final_layer_capture, deepseek_first_layer_residual
 
 ID = "vllm.extract_hidden_states_layer_ids"
 RUNNER = "vllm.v1.worker.gpu_model_runner"
-SETUP = "_setup_eagle3_aux_hidden_state_outputs"
 FROM_CONFIG = "_get_eagle3_aux_layers_from_config"
 IDS = "eagle_aux_hidden_state_layer_ids"
 
 
-def check_runner_ids(runner: Any) -> None:
-    """Refuse the runner's configured aux ids if its model cannot serve them."""
+def check_runner_ids(runner: Any, ids: Any) -> None:
+    """Refuse the aux ids configured for ``runner`` if its model cannot serve them."""
     speculative = getattr(runner, "speculative_config", None)
-    if getattr(speculative, "method", None) != "extract_hidden_states":
-        return
-    ids = getattr(runner, FROM_CONFIG)()
-    if not ids:
+    if getattr(speculative, "method", None) != "extract_hidden_states" or not ids:
         return
     import vllm
 
@@ -60,22 +56,24 @@ def check_runner_ids(runner: Any) -> None:
     servable.check(ids, f"{IDS} {list(ids)} for {architecture} on vLLM {vllm.__version__}")
 
 
-def _checked(setup: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(setup)
-    def setup_eagle3_aux_hidden_state_outputs(self: Any) -> Any:
-        check_runner_ids(self)
-        return setup(self)
+def _checked(from_config: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(from_config)
+    def get_eagle3_aux_layers_from_config(self: Any) -> Any:
+        ids = from_config(self)
+        check_runner_ids(self, ids)
+        return ids
 
-    return setup_eagle3_aux_hidden_state_outputs
+    return get_eagle3_aux_layers_from_config
 
 
 def _probe() -> str | None:
-    return require_in_source(RUNNER, f"def {SETUP}(self)", f"def {FROM_CONFIG}(self)")
+    return require_in_source(RUNNER, f"def {FROM_CONFIG}(self)", f"self.{FROM_CONFIG}()",
+                             "eagle_aux_hidden_state_layer_ids")
 
 
 def _patch(patcher: Patcher) -> None:
     def on_runner(module: ModuleType) -> None:
-        patcher.wrap(module.GPUModelRunner, SETUP, _checked)
+        patcher.wrap(module.GPUModelRunner, FROM_CONFIG, _checked)
 
     patcher.on_import(RUNNER, on_runner)
 
@@ -87,8 +85,9 @@ ADAPTER = Adapter(
     why="vLLM starts with any ids; one the model cannot serve gives files with a copied state "
     "in its slot and no error (Llama id N+1 on 0.26), or kills the engine at the first request "
     "(DeepSeek's final id before 0.25) or at warm-up (DeepSeek id 0)",
-    how="wraps GPUModelRunner._setup_eagle3_aux_hidden_state_outputs (the CPU runner's too) "
-    "to check the configured ids with layers.servable_aux_ids and raise LayerIdError",
+    how="wraps GPUModelRunner._get_eagle3_aux_layers_from_config (the CPU runner's too), "
+    "which the runner reads once while loading the model, to check the ids with "
+    "layers.servable_aux_ids and raise LayerIdError",
     upstream="vLLM 0.17.0: extract_hidden_states takes eagle_aux_hidden_state_layer_ids "
     "unchecked; DeepseekV2Model serves the final id only from 0.25.0",
     upstream_ref="none found: vLLM never checked the ids; the DeepSeek final-layer capture is "
