@@ -51,6 +51,23 @@ class AdapterError(SpeccompatError):
         super().__init__(f"adapter {adapter_id}: {reason}")
 
 
+class UnsupportedConnectorError(SpeccompatError):
+    """A KV connector the installed vLLM lacks the internals for: refused where vLLM builds
+    it, at engine start-up, instead of failing deep in the engine or writing wrong files."""
+
+    def __init__(self, connector: str, found: str, missing: str, consequence: str,
+                 supported: str, advice: str) -> None:
+        self.connector = connector
+        self.found = found
+        self.missing = missing
+        self.supported = supported
+        self.advice = advice
+        super().__init__(
+            f"{connector} cannot run on {found}: it needs {missing}, which this vLLM does not "
+            f"have ({consequence}). Supported: {supported}. {advice}"
+        )
+
+
 class CorruptCaptureError(SpeccompatError):
     """Captured hidden states do not have the structure the consumer expects.
 

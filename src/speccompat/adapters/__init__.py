@@ -26,6 +26,7 @@ from . import (
     get_hash_fn_by_name_moved,
     hidden_states_connector_chunked_prefill,
     hidden_states_connector_cpu_writer,
+    hs_connectors_internals_missing,
     kimi_k25_cuda_current_device,
     kimi_k25_unfused_qkv_a_proj,
     kv_cache_layout_resolution,
@@ -70,6 +71,7 @@ ADAPTERS: tuple[Adapter, ...] = (
     kimi_k25_unfused_qkv_a_proj.ADAPTER,
     # The server path (speculators >= 0.5 through vllm serve): applied by the plugin.
     hidden_states_connector_cpu_writer.ADAPTER,
+    hs_connectors_internals_missing.ADAPTER,
     hidden_states_connector_chunked_prefill.ADAPTER,
     deepseek_final_layer_capture.ADAPTER,
     deepseek_first_layer_residual.ADAPTER,
