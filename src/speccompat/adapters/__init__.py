@@ -23,6 +23,8 @@ from . import (
     extract_hidden_states_layer_ids,
     get_hash_fn_by_name_moved,
     hidden_states_connector_cpu_writer,
+    hidden_states_connector_group_block_size,
+    hidden_states_connector_zero_rows,
     kimi_k25_cuda_current_device,
     kimi_k25_unfused_qkv_a_proj,
     kv_cache_layout_resolution,
@@ -67,5 +69,7 @@ ADAPTERS: tuple[Adapter, ...] = (
     kimi_k25_unfused_qkv_a_proj.ADAPTER,
     # The server path (speculators >= 0.5 through vllm serve): applied by the plugin.
     hidden_states_connector_cpu_writer.ADAPTER,
+    hidden_states_connector_group_block_size.ADAPTER,
+    hidden_states_connector_zero_rows.ADAPTER,
     extract_hidden_states_layer_ids.ADAPTER,
 )
