@@ -445,3 +445,50 @@ def make_prompts(
     allowed = [i for i in range(size) if i not in special]
     rng = random.Random(seed)
     return [[rng.choice(allowed) for _ in range(n)] for n in lengths]
+
+
+def build_qwen3_next(
+    path: Path, *, num_key_value_heads: int = 2, dtype: str = "bfloat16", seed: int = 0
+) -> Path:
+    """Build (or reuse) a random-weight ``Qwen3NextForCausalLM``, the hybrid verifier of
+    speccompat issue #20 (model m1; m2 is ``num_key_value_heads=4``): 4 layers, linear
+    attention (gated delta net) and full attention alternating, 4 routed experts, hidden
+    256, vocabulary 1000 (the tokenizer's 512 words are its first ids). Every weight is
+    drawn from ``normal_(0, 0.05)``, as in the issue.
+    """
+    params: dict[str, Any] = {
+        "arch": "qwen3_next",
+        "builder_version": BUILDER_VERSION,
+        "num_key_value_heads": num_key_value_heads,
+        "dtype": dtype,
+        "seed": seed,
+    }
+    path = Path(path)
+    if _is_complete(path, params):
+        return path
+    from transformers import AutoModelForCausalLM, Qwen3NextConfig
+
+    config = Qwen3NextConfig(
+        vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+        num_attention_heads=4, num_key_value_heads=num_key_value_heads, head_dim=128,
+        partial_rotary_factor=0.25, linear_conv_kernel_dim=4, linear_key_head_dim=128,
+        linear_value_head_dim=128, linear_num_key_heads=2, linear_num_value_heads=4,
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=128,
+        shared_expert_intermediate_size=128, max_position_embeddings=4096,
+        tie_word_embeddings=False, bos_token_id=BOS_ID, eos_token_id=EOS_ID,
+        pad_token_id=PAD_ID, dtype=dtype,
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.normal_(0, 0.05)
+    model = model.to(getattr(torch, dtype))
+    model.save_pretrained(str(tmp), safe_serialization=True)
+    build_tokenizer(tmp)
+    return _publish(tmp, path, params)

@@ -379,6 +379,33 @@ def test_safetensors_all_zero_rows(tmp_path: Path, capsys: pytest.CaptureFixture
                              "of 9; layer 3: 1 of 9")
 
 
+def test_safetensors_zero_rows_counted_per_file(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """How many tokens and layers, per file: a whole zero layer in one file, scattered rows
+    in another (what the H200 saw on vLLM 0.24: most rows of a file zero)."""
+    save_file = pytest.importorskip("safetensors.torch").save_file
+    data = write_safetensors_dir(tmp_path / "out")
+    states = torch.randn(6, 4, HIDDEN).to(torch.bfloat16)
+    states[:, 2] = 0
+    save_file({"hidden_states": states, "token_ids": torch.arange(6)},
+              str(data / "hs_0.safetensors"))
+    states = torch.randn(8, 4, HIDDEN).to(torch.bfloat16)
+    states[1:6] = 0
+    save_file({"hidden_states": states, "token_ids": torch.arange(8)},
+              str(data / "hs_1.safetensors"))
+    code, payload = verify_json(capsys, str(data))
+    assert code == 1
+    reasons = {f["file"]: f["reasons"] for f in payload["files"] if not f["ok"]}
+    assert reasons["hs_0.safetensors"] == [
+        "all-zero rows (tokens whose state is exactly 0) in layer 2: 6 of 6 (the whole layer) "
+        "(6 of 6 tokens, 1 of 4 layers): states nobody wrote, not a model's output"]
+    (zeros,) = reasons["hs_1.safetensors"]
+    assert zeros.startswith("all-zero rows (tokens whose state is exactly 0) in layer 0: 5 of "
+                            "8; layer 1: 5 of 8; layer 2: 5 of 8; layer 3: 5 of 8 (5 of 8 "
+                            "tokens, 4 of 4 layers)")
+    assert payload["totals"]["failed"] == 2
+
+
 def test_safetensors_copied_layer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """What vLLM 0.26 writes for an id its model cannot serve: another id's state again."""
     save_file = pytest.importorskip("safetensors.torch").save_file

@@ -49,14 +49,17 @@ def _keep_log(tmp_path: Path, name: str) -> None:
         shutil.copy(tmp_path / "server.log", Path(folder) / f"{name}.log")
 
 
-def _extract_and_compare(model: Path, tmp_path: Path, name: str, *extra: str) -> str:
+def _extract_and_compare(model: Path, tmp_path: Path, name: str, *extra: str,
+                         env_v2: bool = False) -> str:
     """Ids 0..N for three prompts on one server; returns the server log."""
     import hf_reference
 
     ids = list(range(_num_layers(model) + 1))
     prompts = _prompts()
+    env = {"VLLM_USE_V2_MODEL_RUNNER": "1"} if env_v2 else None
     try:
-        with server.serve(model, tmp_path, ids, *GPU_ARGS, *extra, eager=False) as srv:
+        with server.serve(model, tmp_path, ids, *GPU_ARGS, *extra, env=env,
+                          eager=False) as srv:
             states = [server.fetch_states(srv, prompt) for prompt in prompts]
             again = server.fetch_states(srv, prompts[1])  # a second batch, prefix-cached
             log = srv.log_tail(10**7)
@@ -83,6 +86,8 @@ def _extract_and_compare(model: Path, tmp_path: Path, name: str, *extra: str) ->
 def test_llama_ids_0_to_n(tiny_llama: Path, tmp_path: Path) -> None:
     log = _extract_and_compare(tiny_llama, tmp_path, "llama")
     assert "server-path adapters applied" in log
+    print("llama runner:", "V2" if "Using V2 Model Runner" in log else "V1",
+          [line for line in log.splitlines() if "Model Runner V2" in line][:1])
 
 
 def test_deepseek_mla_ids_0_to_n(deepseek_mla: Path, tmp_path: Path) -> None:
@@ -90,3 +95,18 @@ def test_deepseek_mla_ids_0_to_n(deepseek_mla: Path, tmp_path: Path) -> None:
     log = _extract_and_compare(deepseek_mla, tmp_path, "deepseek_mla", "--moe-backend",
                                "triton")
     assert "vllm.deepseek_first_layer_residual" in log
+
+
+def test_model_runner_v2_forced(tiny_llama: Path, tmp_path: Path) -> None:
+    """``VLLM_USE_V2_MODEL_RUNNER=1``: V2 supports extract_hidden_states only from 0.29.
+    Seen on 0.26.0: the engine refuses to start (ValidationError). Whatever the release
+    does, it must be one of: a refusal at start-up, or states that match HF."""
+    try:
+        log = _extract_and_compare(tiny_llama, tmp_path, "llama_v2_forced", env_v2=True)
+    except RuntimeError as error:  # the server exited before it was ready
+        assert "exited" in str(error)
+        text = (tmp_path / "server.log").read_text(errors="replace")
+        print("V2 forced: refused at start-up:",
+              [line for line in text.splitlines() if "Error" in line][-3:])
+        return
+    print("V2 forced: served;", "V2 Model Runner" in log, "V1 model runner" in log)

@@ -26,6 +26,8 @@ from . import (
     get_hash_fn_by_name_moved,
     hidden_states_connector_chunked_prefill,
     hidden_states_connector_cpu_writer,
+    hidden_states_connector_group_block_size,
+    hidden_states_connector_zero_rows,
     hs_connectors_internals_missing,
     kimi_k25_cuda_current_device,
     kimi_k25_unfused_qkv_a_proj,
@@ -71,6 +73,8 @@ ADAPTERS: tuple[Adapter, ...] = (
     kimi_k25_unfused_qkv_a_proj.ADAPTER,
     # The server path (speculators >= 0.5 through vllm serve): applied by the plugin.
     hidden_states_connector_cpu_writer.ADAPTER,
+    hidden_states_connector_group_block_size.ADAPTER,
+    hidden_states_connector_zero_rows.ADAPTER,
     hs_connectors_internals_missing.ADAPTER,
     hidden_states_connector_chunked_prefill.ADAPTER,
     deepseek_final_layer_capture.ADAPTER,

@@ -240,10 +240,14 @@ def _zero_rows(states: Any) -> list[str]:
     they are rows nobody wrote (vLLM 0.22-0.24's connector on hybrid models)."""
     zero = (states == 0).all(dim=2)  # [tokens, layers]
     per_layer = zero.sum(dim=0).tolist()
-    found = [f"layer {i}: {n} of {states.shape[0]}" for i, n in enumerate(per_layer) if n]
+    tokens, layers = int(states.shape[0]), int(states.shape[1])
+    found = [f"layer {i}: {n} of {tokens}{' (the whole layer)' if n == tokens else ''}"
+             for i, n in enumerate(per_layer) if n]
     if not found:
         return []
-    return [f"all-zero rows (tokens whose state is exactly 0) in {'; '.join(found)}: "
+    rows = int(zero.any(dim=1).sum())
+    return [f"all-zero rows (tokens whose state is exactly 0) in {'; '.join(found)} "
+            f"({rows} of {tokens} tokens, {len(found)} of {layers} layers): "
             "states nobody wrote, not a model's output"]
 
 

@@ -1,0 +1,81 @@
+"""Cost of the zero-row guard (``vllm.hidden_states_connector_zero_rows``) per hidden-states
+file, next to the cost of writing that file, side by side in one run.
+
+For each shape (tokens x layer ids x hidden, bf16 by default) this times, with
+``time.perf_counter`` over ``--runs`` repeats after one warm-up, in this order per repeat:
+
+  check   ``zero_rows(states)``: what the guard runs before every write (no zero rows: the
+          usual case; it reads each row's first values only)
+  write   ``safetensors.torch.save_file`` of ``{hidden_states, token_ids}`` to ``--dir``
+          (default: a temporary folder), what vLLM's connector runs
+  full    the same check on a file with one zero row per 100 tokens (the guard then reads
+          those rows in full before refusing)
+
+and prints the medians and check / write in percent.
+
+    python bench/zero_guard.py [--runs 20] [--dtype bfloat16] [--dir PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from speccompat.adapters.hidden_states_connector_zero_rows import zero_rows
+
+SHAPES = ((1000, 4, 4096), (4000, 4, 4096), (8000, 4, 7168), (300, 3, 2048))
+
+
+def _median_ms(samples: list[float]) -> float:
+    return statistics.median(samples) * 1e3
+
+
+def run(shape: tuple[int, int, int], dtype: torch.dtype, runs: int, folder: Path) -> str:
+    states = torch.randn(*shape).to(dtype)
+    tokens = torch.arange(shape[0])
+    holed = states.clone()
+    holed[::100, 1] = 0
+    path = folder / "hs.safetensors"
+    checks, writes, fulls = [], [], []
+    for repeat in range(runs + 1):
+        start = time.perf_counter()
+        found = zero_rows(states)
+        checked = time.perf_counter()
+        save_file({"hidden_states": states, "token_ids": tokens}, str(path))
+        written = time.perf_counter()
+        holes = zero_rows(holed)
+        done = time.perf_counter()
+        assert not found and holes == {1: len(range(0, shape[0], 100))}
+        if repeat:  # the first is a warm-up
+            checks.append(checked - start)
+            writes.append(written - checked)
+            fulls.append(done - written)
+    check, write, full = _median_ms(checks), _median_ms(writes), _median_ms(fulls)
+    size = states.numel() * states.element_size() / 2**20
+    name = "x".join(map(str, shape))
+    return (f"{name:>16} {size:8.1f} MiB  check {check:8.3f} ms  write {write:8.2f} ms  "
+            f"check/write {100 * check / write:6.2f} %  (zero rows found: {full:7.3f} ms)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--dir", type=Path, default=None)
+    args = parser.parse_args()
+    dtype = getattr(torch, args.dtype)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.dtype}, "
+          f"medians of {args.runs} runs")
+    with tempfile.TemporaryDirectory(dir=args.dir) as folder:
+        for shape in SHAPES:
+            print(run(shape, dtype, args.runs, Path(folder)))
+
+
+if __name__ == "__main__":
+    main()
