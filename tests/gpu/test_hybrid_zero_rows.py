@@ -42,7 +42,9 @@ CASES = {
     "m2-inproc": ({"num_key_value_heads": 4}, ("--distributed-executor-backend", "uni")),
 }
 BUGGY = ">=0.24.0,<0.25.0"
-MEAN_TOLERANCE = 0.05
+# Seen on the H200 (vLLM 0.24.0 with speccompat): m1, 40-token prompt, id 4: mean 0.0502 with
+# one token routed differently (max 0.207); m2 at most 0.0372. Wrong rows: 1.7-3.0.
+MEAN_TOLERANCE = 0.08
 TOKEN_TOLERANCE = 0.15
 OUTLIERS = 0.02
 

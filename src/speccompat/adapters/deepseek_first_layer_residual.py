@@ -10,8 +10,10 @@ looking the tokens up, so nothing is computed twice) with id 0 hidden from the l
 puts a copy in front of the states vLLM captured, where id 0's slot is (vLLM stacks the
 states in layer order).
 
-The model's ``aux_hidden_state_layers`` keeps what the runner set; only the loop's view of
-it leaves 0 out (a property on the class for the time the adapter is applied).
+Where the runner sets the aux layers (``set_aux_hidden_state_layers``), the decoder stack
+keeps the ids without 0 and a plain flag that id 0 was asked for: both are constants to
+``torch.compile``, which traces the wrapped forward like vLLM's own (a property there sent
+Dynamo into a recursion on the H200).
 """
 
 from __future__ import annotations
@@ -23,55 +25,58 @@ from typing import Any
 
 from ..patching import Patcher
 from ..record import Adapter, ExtractionPath, Side
-from ..targets import source_def
+from ..targets import module_source, source_def
 from ..versions import spec
 
 ID = "vllm.deepseek_first_layer_residual"
 DEEPSEEK = "vllm.model_executor.models.deepseek_v2"
 MODEL = "DeepseekV2Model"
+CAUSAL_LM = "DeepseekV2ForCausalLM"
+SETTER = "set_aux_hidden_state_layers"
 AUX_LAYERS = "aux_hidden_state_layers"
+# Set on the decoder stack where id 0 was asked for.
+SERVES_ID_0 = "speccompat_serves_id_0"
 
 
-def _requested(stack: Any) -> tuple[int, ...]:
-    return tuple(vars(stack).get(AUX_LAYERS, ()))
+def _with_first_id_set(set_layers: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(set_layers)
+    def set_aux_hidden_state_layers(self: Any, layers: tuple[int, ...]) -> Any:
+        result = set_layers(self, layers)
+        stack = self.model
+        requested = tuple(int(i) for i in layers)
+        stack.aux_hidden_state_layers = tuple(i for i in requested if i != 0)
+        setattr(stack, SERVES_ID_0, 0 in requested)
+        return result
+
+    return set_aux_hidden_state_layers
 
 
-def _loop_view() -> property:
-    """``aux_hidden_state_layers`` as the runner set it, less id 0 for vLLM's loop."""
+def _with_first_id(get_pp_group: Callable[[], Any]) -> Callable[[Callable[..., Any]],
+                                                                 Callable[..., Any]]:
+    def wrap(forward: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(forward)
+        def forward_with_id_0(self: Any, input_ids: Any, positions: Any,
+                              intermediate_tensors: Any = None, inputs_embeds: Any = None,
+                              *args: Any, **kwargs: Any) -> Any:
+            if not getattr(self, SERVES_ID_0, False) or not get_pp_group().is_first_rank:
+                return forward(self, input_ids, positions, intermediate_tensors,
+                               inputs_embeds, *args, **kwargs)
+            if inputs_embeds is None:
+                inputs_embeds = self.embed_input_ids(input_ids)
+            # A copy: the first layer's in-place norms must not reach the captured state.
+            first_state = inputs_embeds.clone()
+            output = forward(self, input_ids, positions, intermediate_tensors, inputs_embeds,
+                             *args, **kwargs)
+            if isinstance(output, tuple):
+                hidden_states, captured = output
+                return hidden_states, [first_state, *captured]
+            if not get_pp_group().is_last_rank:
+                return output  # intermediate tensors: the capture is the last rank's to return
+            return output, [first_state]
 
-    def get(stack: Any) -> tuple[int, ...]:
-        return tuple(i for i in _requested(stack) if i != 0)
+        return forward_with_id_0
 
-    def set_(stack: Any, layers: Any) -> None:
-        vars(stack)[AUX_LAYERS] = tuple(layers)
-
-    return property(get, set_)
-
-
-def _with_first_id(forward: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(forward)
-    def forward_with_id_0(self: Any, input_ids: Any, positions: Any,
-                          intermediate_tensors: Any = None, inputs_embeds: Any = None,
-                          *args: Any, **kwargs: Any) -> Any:
-        from vllm.distributed import get_pp_group
-
-        if 0 not in _requested(self) or not get_pp_group().is_first_rank:
-            return forward(self, input_ids, positions, intermediate_tensors, inputs_embeds,
-                           *args, **kwargs)
-        if inputs_embeds is None:
-            inputs_embeds = self.embed_input_ids(input_ids)
-        # A copy: the first layer's in-place norms must not reach the captured state.
-        first_state = inputs_embeds.clone()
-        output = forward(self, input_ids, positions, intermediate_tensors, inputs_embeds,
-                         *args, **kwargs)
-        if isinstance(output, tuple):
-            hidden_states, captured = output
-            return hidden_states, [first_state, *captured]
-        if not get_pp_group().is_last_rank:
-            return output  # intermediate tensors: the capture is the last rank's to return
-        return output, [first_state]
-
-    return forward_with_id_0
+    return wrap
 
 
 def _probe() -> str | None:
@@ -91,14 +96,18 @@ def _probe() -> str | None:
         return f"{MODEL}.forward does not capture hidden_states + residual"
     if f"if idx in self.{AUX_LAYERS}" not in text:
         return f"{MODEL}.forward does not test idx in self.{AUX_LAYERS}"
+    setter = source_def(DEEPSEEK, f"{CAUSAL_LM}.{SETTER}")
+    if setter is None or f"self.model.{AUX_LAYERS} = layers" not in setter.text:
+        return f"{CAUSAL_LM}.{SETTER} does not set self.model.{AUX_LAYERS}"
+    if "get_pp_group" not in (module_source(DEEPSEEK) or ""):
+        return f"{DEEPSEEK} does not import get_pp_group"
     return None
 
 
 def _patch(patcher: Patcher) -> None:
     def on_deepseek(module: ModuleType) -> None:
-        model = getattr(module, MODEL)
-        patcher.add(model, AUX_LAYERS, _loop_view())
-        patcher.wrap(model, "forward", _with_first_id)
+        patcher.wrap(getattr(module, CAUSAL_LM), SETTER, _with_first_id_set)
+        patcher.wrap(getattr(module, MODEL), "forward", _with_first_id(module.get_pp_group))
 
     patcher.on_import(DEEPSEEK, on_deepseek)
 
@@ -108,8 +117,9 @@ ADAPTER = Adapter(
     summary="DeepSeek/Kimi servers capture id 0 (the embeddings)",
     why="DeepseekV2Model adds a residual that is still None before its first layer: id 0 "
     "raises a TypeError at warm-up (0.26) or at the first request (0.32)",
-    how="DeepseekV2Model.forward computes the embeddings, passes them to vLLM's forward as "
-    "inputs_embeds with id 0 hidden from its loop, and puts a copy in id 0's slot",
+    how="set_aux_hidden_state_layers leaves id 0 out of the stack's ids and flags it; "
+    "DeepseekV2Model.forward then computes the embeddings, passes them to vLLM's forward as "
+    "inputs_embeds and puts a copy in id 0's slot",
     upstream="vLLM 0.18.0: DeepseekV2Model gains the EAGLE-3 aux capture as hidden_states + "
     "residual before each layer, residual None before the first",
     upstream_ref="none found: no vLLM issue or PR on DeepSeek aux id 0 as of vLLM 0.32.0",
