@@ -2,7 +2,7 @@
 file, next to the cost of writing that file, side by side in one run.
 
 For each shape (tokens x layer ids x hidden, bf16 by default) this times, with
-``time.perf_counter`` over ``--runs`` repeats after one warm-up, in this order per repeat:
+``time.perf_counter`` over ``--runs`` repeats after one warm-up, each in its own loop:
 
   check   ``zero_rows(states)``: what the guard runs before every write (no zero rows: the
           usual case; it reads each row's first values only)
@@ -13,7 +13,7 @@ For each shape (tokens x layer ids x hidden, bf16 by default) this times, with
 
 and prints the medians and check / write in percent.
 
-    python bench/zero_guard.py [--runs 20] [--dtype bfloat16] [--dir PATH]
+    python bench/zero_guard.py [--runs 20] [--dtype bfloat16] [--dir PATH] [--threads N]
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import argparse
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -36,26 +37,31 @@ def _median_ms(samples: list[float]) -> float:
     return statistics.median(samples) * 1e3
 
 
+def _times(work: Callable[[], object], runs: int) -> list[float]:
+    """``runs`` wall times of ``work`` after one warm-up call."""
+    work()
+    samples = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        work()
+        samples.append(time.perf_counter() - start)
+    return samples
+
+
 def run(shape: tuple[int, int, int], dtype: torch.dtype, runs: int, folder: Path) -> str:
     states = torch.randn(*shape).to(dtype)
     tokens = torch.arange(shape[0])
     holed = states.clone()
     holed[::100, 1] = 0
     path = folder / "hs.safetensors"
-    checks, writes, fulls = [], [], []
-    for repeat in range(runs + 1):
-        start = time.perf_counter()
-        found = zero_rows(states)
-        checked = time.perf_counter()
-        save_file({"hidden_states": states, "token_ids": tokens}, str(path))
-        written = time.perf_counter()
-        holes = zero_rows(holed)
-        done = time.perf_counter()
-        assert not found and holes == {1: len(range(0, shape[0], 100))}
-        if repeat:  # the first is a warm-up
-            checks.append(checked - start)
-            writes.append(written - checked)
-            fulls.append(done - written)
+    # Each kind in its own loop: timed right after a write, the check measured the kernel's
+    # page-cache writeback (a 1.5-42% spread on a loaded 2-core machine), not itself.
+    found, holes = zero_rows(states), zero_rows(holed)
+    assert not found and holes == {1: len(range(0, shape[0], 100))}
+    checks = _times(lambda: zero_rows(states), runs)
+    writes = _times(lambda: save_file({"hidden_states": states, "token_ids": tokens},
+                                      str(path)), runs)
+    fulls = _times(lambda: zero_rows(holed), runs)
     check, write, full = _median_ms(checks), _median_ms(writes), _median_ms(fulls)
     size = states.numel() * states.element_size() / 2**20
     name = "x".join(map(str, shape))
@@ -68,7 +74,12 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--dir", type=Path, default=None)
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch intra-op threads (default: torch's); on a busy machine a "
+                        "two-thread kernel can wait a scheduler slice for the busy core")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.dtype}, "
           f"medians of {args.runs} runs")
