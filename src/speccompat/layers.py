@@ -407,7 +407,8 @@ def servable_aux_ids(architecture: str, num_layers: int, vllm_version: str, *,
       ``num_layers`` is captured only from 0.25.0 (vLLM PR #46973), before it the model
       returns one state fewer than asked and the request fails.
     - Every other architecture: 0..``num_layers``, except on 0.17.x, where the capture
-      happens only before each layer, so ``num_layers`` never matches.
+      happens only before each layer (so ``num_layers`` never matches) and adds the
+      residual that is still None before layer 0.
 
     ``first_id_repaired`` / ``final_id_repaired``: speccompat's DeepSeek adapters
     (``deepseek_first_layer_residual``, ``deepseek_final_layer_capture``) are applied in the
@@ -428,6 +429,9 @@ def servable_aux_ids(architecture: str, num_layers: int, vllm_version: str, *,
             limits.append(f"id {n}, the final pre-norm state, needs vLLM >= 0.25.0 for "
                           f"{architecture}")
     elif version < Version("0.18.0"):
-        high = n - 1
+        # 0.17's LlamaModel captures like DeepSeek before 0.25: before each layer only, and
+        # before layer 0 adds a residual that is still None.
+        low, high = 1, n - 1
+        limits.append(f"id 0 breaks the first layer on vLLM {version}")
         limits.append(f"id {n}, the final pre-norm state, needs vLLM >= 0.18.0")
     return ServableIds(low, high, tuple(limits))

@@ -64,7 +64,11 @@ def test_raw_deepseek_id_0_adds_a_residual_that_does_not_exist_yet() -> None:
 def test_raw_llama_serves_the_final_id_from_0_18() -> None:
     forward = _body(LLAMA, "LlamaModel.forward")
     after_each = "idx + 1" in forward  # the state after layer idx is id idx + 1
-    assert after_each is (servable_aux_ids("LlamaForCausalLM", 4, _installed()).high == 4)
+    servable = servable_aux_ids("LlamaForCausalLM", 4, _installed())
+    assert after_each is (servable.high == 4)
+    # Before each layer instead (0.17): id 0 adds the residual that is still None.
+    before_each = "aux_hidden_states.append(hidden_states + residual)" in forward
+    assert before_each is (servable.low == 1)
 
 
 @applies

@@ -275,7 +275,7 @@ def test_public_names() -> None:
 
 @pytest.mark.parametrize(("architecture", "vllm", "low", "high"), [
     ("LlamaForCausalLM", "0.26.0", 0, 4),
-    ("LlamaForCausalLM", "0.17.1", 0, 3),  # 0.17 captures before each layer only
+    ("LlamaForCausalLM", "0.17.1", 1, 3),  # 0.17 captures before each layer only
     ("LlamaForCausalLM", "0.18.0+cpu", 0, 4),
     ("Qwen3ForCausalLM", "0.22.0", 0, 4),
     ("DeepseekV3ForCausalLM", "0.22.0", 1, 3),  # no id 0, no final id before 0.25
