@@ -17,6 +17,15 @@ import speccompat
 from speccompat.versions import spec
 
 
+def _has_amx() -> bool:
+    """AMX tiles, from the kernel's CPU flags (torch 2.11 has no _is_amx_tile_supported)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            return any(line.startswith("flags") and " amx_tile" in line for line in cpuinfo)
+    except OSError:
+        return False
+
+
 @dataclass(frozen=True)
 class CpuBuildBug:
     summary: str
@@ -30,11 +39,8 @@ class CpuBuildBug:
             return False
         if self.vllm and env.vllm.version not in spec(self.vllm):
             return False
-        if self.amx_only:
-            import torch
-
-            if not torch._C._cpu._is_amx_tile_supported():
-                return False
+        if self.amx_only and not _has_amx():
+            return False
         return not self.ipex_only or importlib.util.find_spec(
             "intel_extension_for_pytorch") is not None
 
