@@ -67,7 +67,13 @@ def load_server_path() -> None:
     if not inherited:  # one line per server: the process that found the method
         from . import __version__
 
-        # Through vLLM's own logger, so the line stands in the server's log with the rest.
-        logging.getLogger(SERVER_LOG).info(
-            "speccompat %s: %s requested; server-path adapters applied: %s", __version__,
-            server.METHOD, ", ".join(report.applied) or "none")
+        line = (f"speccompat {__version__}: {server.METHOD} requested; server-path adapters "
+                f"applied: {', '.join(report.applied) or 'none'}")
+        logger = logging.getLogger(SERVER_LOG)
+        if logger.hasHandlers():
+            # Through vLLM's own logger, so the line stands in the server's log with the rest.
+            logger.info(line)
+        else:
+            # vLLM >= 0.32 configures its logging from the parsed arguments, after this first
+            # plugin load: an INFO record now would be dropped.
+            print(f"INFO [speccompat] {line}", file=sys.stderr, flush=True)
