@@ -113,9 +113,11 @@ def serve(model: Path, workdir: Path, layer_ids: Sequence[int], *extra: str,
                "--max-model-len", "1024", *(["--enforce-eager"] if eager else []),
                "--speculative-config", speculative_config(layer_ids),
                "--kv-transfer-config", kv_transfer_config(storage), *extra]
-    environ = {**os.environ, **(env or {})}  # conftest set CPU_ENV and the preloads
-    # One engine: the TP binding of the test environment ("0|1") is for two ranks.
+    environ = dict(os.environ)  # conftest set CPU_ENV and the preloads
+    # One engine: the TP binding of the test environment ("0|1") is for two ranks; a TP=2
+    # server passes it back through ``env``.
     environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
+    environ.update(env or {})
     with log.open("wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=environ,
                                    start_new_session=True)
@@ -221,3 +223,83 @@ def wait_for_engine_death(srv: Server, seconds: float = 120.0) -> str:
             return log
         time.sleep(1)
     return srv.log_tail(10**7)
+
+
+# The client side shared by the e2e server tests: speculators' own CLI, speccompat verify, and
+# every id against HF float32.
+
+
+def prompts(lengths: Sequence[int], seed: int = 7) -> list[list[int]]:
+    import tiny_models
+
+    return tiny_models.make_prompts(tiny_models.VOCAB_SIZE, list(lengths), seed=seed)
+
+
+def num_layers(model: Path) -> int:
+    return int(json.loads((model / "config.json").read_text())["num_hidden_layers"])
+
+
+def generate(srv: Server, prompts: list[list[int]], work: Path,
+             concurrency: int = 2) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """speculators' ``generate-offline-data`` against ``srv``: (its run, its output folder)."""
+    data = write_preprocessed(work / "prepared", prompts)
+    out = work / "out"
+    run = subprocess.run(
+        [str(speculators_cli()), "generate-offline-data", "--endpoint",
+         f"{srv.url}/v1", "--preprocessed-data", str(data), "--output", str(out),
+         "--concurrency", str(concurrency), "--validate-outputs"],
+        capture_output=True, text=True, timeout=900, check=False)
+    return run, out
+
+
+def verify_report(out: Path, model: Path) -> tuple[int, dict[str, Any]]:
+    """``speccompat verify OUT --model MODEL --json``: (exit status, report)."""
+    run = subprocess.run([sys.executable, "-m", "speccompat", "verify", str(out), "--model",
+                          str(model), "--json"], capture_output=True, text=True, timeout=300,
+                         check=False)
+    try:
+        report: dict[str, Any] = json.loads(run.stdout)
+    except ValueError as error:
+        raise AssertionError(run.stdout[-3000:] + run.stderr[-3000:]) from error
+    return run.returncode, report
+
+
+def verify(out: Path, model: Path) -> dict[str, Any]:
+    """``speccompat verify`` on a folder that must pass."""
+    status, report = verify_report(out, model)
+    assert status == 0, json.dumps(report)[-3000:]
+    return report
+
+
+def compare_with_hf(out: Path, model: Path, prompts: list[list[int]],
+                    layer_ids: list[int]) -> list[tuple[int, int, float, float]]:
+    """Every ``hs_{i}.safetensors`` in ``out`` against HF float32 on the same weights:
+    (prompt, id, mean, max relative error) rows, after checking tokens and shape."""
+    from safetensors.torch import load_file
+
+    import hf_reference
+
+    reference = hf_reference.layer_inputs(model, prompts)
+    rows = []
+    for index, (prompt, want) in enumerate(zip(prompts, reference, strict=True)):
+        data = load_file(str(out / f"hs_{index}.safetensors"))
+        assert data["token_ids"].tolist() == prompt
+        states = data["hidden_states"]
+        assert tuple(states.shape) == (len(prompt), len(layer_ids), want[0].shape[-1])
+        for slot, layer in enumerate(layer_ids):
+            mean, worst = hf_reference.relative_errors(states[:, slot, :], want[layer])
+            rows.append((index, layer, mean, worst))
+    return rows
+
+
+def llama_fp32(models_dir: Path) -> Path:
+    """The tiny Llama in float32 (``--dtype float32`` runs: the tight oracle), built once per
+    session in the folder test_server_path.py uses; skips where no model may run."""
+    import pytest
+
+    import tiny_models
+    from support import contract_only_reason
+
+    if why := contract_only_reason():
+        pytest.skip(why)
+    return tiny_models.build_llama(models_dir / "llama-fp32", dtype="float32")

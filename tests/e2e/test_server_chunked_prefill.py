@@ -12,11 +12,7 @@ start a speculative engine at all; there the contract test covers the adapter.)"
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -51,72 +47,22 @@ def llama_fp32(models_dir: Path) -> Path:
     return tiny_models.build_llama(models_dir / "llama-fp32", dtype="float32")
 
 
-def _prompts(lengths: tuple[int, ...], seed: int = 7) -> list[list[int]]:
-    import tiny_models
-
-    return tiny_models.make_prompts(tiny_models.VOCAB_SIZE, list(lengths), seed=seed)
-
-
-def _num_layers(model: Path) -> int:
-    return int(json.loads((model / "config.json").read_text())["num_hidden_layers"])
-
-
-def _generate(srv: server.Server, prompts: list[list[int]], work: Path,
-              concurrency: int = 3) -> tuple[subprocess.CompletedProcess[str], Path]:
-    data = server.write_preprocessed(work / "prepared", prompts)
-    out = work / "out"
-    run = subprocess.run(
-        [str(server.speculators_cli()), "generate-offline-data", "--endpoint",
-         f"{srv.url}/v1", "--preprocessed-data", str(data), "--output", str(out),
-         "--concurrency", str(concurrency), "--validate-outputs"],
-        capture_output=True, text=True, timeout=900, check=False)
-    return run, out
-
-
-def _worst_against_hf(out: Path, model: Path, prompts: list[list[int]],
-                      layer_ids: list[int]) -> tuple[int, int, float]:
-    """The (prompt, id, max relative error) of the file furthest from HF float32."""
-    from safetensors.torch import load_file
-
-    import hf_reference
-
-    reference = hf_reference.layer_inputs(model, prompts)
-    rows = []
-    for index, (prompt, want) in enumerate(zip(prompts, reference, strict=True)):
-        data = load_file(str(out / f"hs_{index}.safetensors"))
-        assert data["token_ids"].tolist() == prompt
-        states = data["hidden_states"]
-        assert tuple(states.shape) == (len(prompt), len(layer_ids), want[0].shape[-1])
-        for slot, layer in enumerate(layer_ids):
-            _, worst = hf_reference.relative_errors(states[:, slot, :], want[layer])
-            rows.append((index, layer, worst))
-    return max(rows, key=lambda r: r[2])
-
-
-def _verify(out: Path, model: Path) -> dict[str, Any]:
-    run = subprocess.run([sys.executable, "-m", "speccompat", "verify", str(out), "--model",
-                          str(model), "--json"], capture_output=True, text=True, timeout=300,
-                         check=False)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    report: dict[str, Any] = json.loads(run.stdout)
-    return report
-
-
 def test_a_prompt_longer_than_the_token_budget_matches_hf_fp32(llama_fp32: Path,
                                                                tmp_path: Path) -> None:
     """Ids 0..N, a 200-token prompt with a 64-token budget, concurrency 3."""
-    layer_ids = list(range(_num_layers(llama_fp32) + 1))
-    prompts = _prompts(LENGTHS)
+    layer_ids = list(range(server.num_layers(llama_fp32) + 1))
+    prompts = server.prompts(LENGTHS)
     assert max(map(len, prompts)) > BUDGET
     with server.serve(llama_fp32, tmp_path, layer_ids, *CHUNKED) as srv:
-        run, out = _generate(srv, prompts, tmp_path / "run")
+        run, out = server.generate(srv, prompts, tmp_path / "run", concurrency=3)
         assert run.returncode == 0, run.stderr[-4000:] + srv.log_tail()
         log = srv.log_tail(10**7)
     assert f"Chunked prefill is enabled with max_num_batched_tokens={BUDGET}" in log, log[-4000:]
     applied = next(line for line in log.splitlines() if "server-path adapters applied" in line)
     assert (ID in applied) is adapter_applies(ID)[0], applied
-    assert _verify(out, llama_fp32)["ok"] is True
-    prompt, layer, worst = _worst_against_hf(out, llama_fp32, prompts, layer_ids)
+    assert server.verify(out, llama_fp32)["ok"] is True
+    rows = server.compare_with_hf(out, llama_fp32, prompts, layer_ids)
+    prompt, layer, _, worst = max(rows, key=lambda r: r[3])
     assert worst < FP32_BOUND, f"prompt {prompt}, id {layer}: {worst:.2e}"
 
 

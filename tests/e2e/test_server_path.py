@@ -9,12 +9,8 @@ applies the server-path adapters inside the server because its engine is asked f
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -38,72 +34,22 @@ def llama_fp32(models_dir: Path) -> Path:
     return tiny_models.build_llama(models_dir / "llama-fp32", dtype="float32")
 
 
-def _prompts(lengths: tuple[int, ...], seed: int = 7) -> list[list[int]]:
-    import tiny_models
-
-    return tiny_models.make_prompts(tiny_models.VOCAB_SIZE, list(lengths), seed=seed)
-
-
-def _num_layers(model: Path) -> int:
-    return int(json.loads((model / "config.json").read_text())["num_hidden_layers"])
-
-
-def _generate(srv: server.Server, prompts: list[list[int]], work: Path,
-              concurrency: int = 2) -> tuple[subprocess.CompletedProcess[str], Path]:
-    data = server.write_preprocessed(work / "prepared", prompts)
-    out = work / "out"
-    run = subprocess.run(
-        [str(server.speculators_cli()), "generate-offline-data", "--endpoint",
-         f"{srv.url}/v1", "--preprocessed-data", str(data), "--output", str(out),
-         "--concurrency", str(concurrency), "--validate-outputs"],
-        capture_output=True, text=True, timeout=900, check=False)
-    return run, out
-
-
-def _check_against_hf(out: Path, model: Path, prompts: list[list[int]],
-                      layer_ids: list[int]) -> list[tuple[int, int, float]]:
-    """Every file's states against HF: (prompt, id, max relative error) rows."""
-    from safetensors.torch import load_file
-
-    import hf_reference
-
-    reference = hf_reference.layer_inputs(model, prompts)
-    rows = []
-    for index, (prompt, want) in enumerate(zip(prompts, reference, strict=True)):
-        data = load_file(str(out / f"hs_{index}.safetensors"))
-        assert data["token_ids"].tolist() == prompt
-        states = data["hidden_states"]
-        assert tuple(states.shape) == (len(prompt), len(layer_ids), want[0].shape[-1])
-        for slot, layer in enumerate(layer_ids):
-            _, worst = hf_reference.relative_errors(states[:, slot, :], want[layer])
-            rows.append((index, layer, worst))
-    return rows
-
-
-def _verify(out: Path, model: Path) -> dict[str, Any]:
-    run = subprocess.run([sys.executable, "-m", "speccompat", "verify", str(out), "--model",
-                          str(model), "--json"], capture_output=True, text=True, timeout=300,
-                         check=False)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    report: dict[str, Any] = json.loads(run.stdout)
-    return report
-
-
 def test_llama_every_id_matches_hf_fp32(llama_fp32: Path, tmp_path: Path) -> None:
     """Ids 0..N (N = the final pre-norm state), two batches on one server, concurrency 2."""
-    layer_ids = list(range(_num_layers(llama_fp32) + 1))
+    layer_ids = list(range(server.num_layers(llama_fp32) + 1))
     with server.serve(llama_fp32, tmp_path, layer_ids, "--dtype", "float32") as srv:
-        first, out = _generate(srv, _prompts(PROMPT_LENGTHS), tmp_path / "first")
+        first, out = server.generate(srv, server.prompts(PROMPT_LENGTHS), tmp_path / "first")
         assert first.returncode == 0, first.stderr[-4000:] + srv.log_tail()
-        second, out2 = _generate(srv, _prompts((50, 9), seed=11), tmp_path / "second")
+        second, out2 = server.generate(srv, server.prompts((50, 9), seed=11), tmp_path / "second")
         assert second.returncode == 0, second.stderr[-4000:] + srv.log_tail()
         log = srv.log_tail(10**7)
     assert "server-path adapters applied" in log, log[-4000:]
-    for result, prompts in ((out, _prompts(PROMPT_LENGTHS)), (out2, _prompts((50, 9), seed=11))):
-        assert _verify(result, llama_fp32)["ok"] is True
-        rows = _check_against_hf(result, llama_fp32, prompts, layer_ids)
-        worst = max(rows, key=lambda r: r[2])
-        assert worst[2] < FP32_BOUND, f"prompt {worst[0]}, id {worst[1]}: {worst[2]:.2e}"
+    batches = ((out, server.prompts(PROMPT_LENGTHS)), (out2, server.prompts((50, 9), seed=11)))
+    for result, prompts in batches:
+        assert server.verify(result, llama_fp32)["ok"] is True
+        rows = server.compare_with_hf(result, llama_fp32, prompts, layer_ids)
+        worst = max(rows, key=lambda r: r[3])
+        assert worst[3] < FP32_BOUND, f"prompt {worst[0]}, id {worst[1]}: {worst[3]:.2e}"
 
 
 def test_without_speccompat_the_cpu_build_writes_no_file(llama_fp32: Path,
@@ -112,7 +58,7 @@ def test_without_speccompat_the_cpu_build_writes_no_file(llama_fp32: Path,
     ``<path>.lock`` appears, and the engine dies (vLLM's CPU build, SPECCOMPAT_DISABLE=1)."""
     with server.serve(llama_fp32, tmp_path, [1, 2], "--dtype", "float32",
                       env={"SPECCOMPAT_DISABLE": "1"}) as srv:
-        status, body = srv.completion(_prompts((12,))[0])
+        status, body = srv.completion(server.prompts((12,))[0])
         assert status == 200, body
         path = Path(body["kv_transfer_params"]["hidden_states_path"])
         for _ in range(60):
@@ -130,7 +76,7 @@ def test_an_id_the_model_cannot_serve_stops_the_server_at_start(llama_fp32: Path
                                                                 tmp_path: Path) -> None:
     """Id N + 1 on a Llama with N layers: vllm serve exits before it is ready, and its log
     names the id and the valid range (speccompat's LayerIdError from the worker)."""
-    n = _num_layers(llama_fp32)
+    n = server.num_layers(llama_fp32)
     with pytest.raises(RuntimeError, match="exited"), \
             server.serve(llama_fp32, tmp_path, [1, n + 1], "--dtype", "float32"):
         pass
@@ -149,8 +95,8 @@ def test_without_speccompat_that_id_is_silently_wrong(llama_fp32: Path, tmp_path
 
     from speccompat.adapters.extract_hidden_states_layer_ids import ID
 
-    n = _num_layers(llama_fp32)
-    prompt = _prompts((12,))[0]
+    n = server.num_layers(llama_fp32)
+    prompt = server.prompts((12,))[0]
     with server.serve(llama_fp32, tmp_path, [1, n + 1], "--dtype", "float32",
                       env={"SPECCOMPAT_SKIP": ID}) as srv:
         status, body = srv.completion(prompt, timeout=300)
