@@ -308,3 +308,15 @@ def import_fixes() -> list[str]:
     return [m.ID for m in (get_hash_fn_by_name_moved, kv_cache_planning_moved,
                            config_dtype_annotation, attn_mask_utils_removed)
             if adapter_applies(m.ID)[0] and m.ADAPTER.probe() is None]
+
+
+def state_under_user_apply(adapter_id: str) -> Any:
+    """What ``speccompat.apply()`` called by a user does with ``adapter_id`` (reverted after):
+    SKIPPED for a server-path adapter, which only the plugin applies inside ``vllm serve``."""
+    import speccompat
+
+    report = speccompat.apply(only=[adapter_id], judge_support=False)
+    try:
+        return report.state_of(adapter_id)
+    finally:
+        speccompat.revert()

@@ -30,7 +30,7 @@ from speccompat.adapters.hidden_states_connector_chunked_prefill import (
 )
 from speccompat.record import ExtractionPath
 from speccompat.targets import module_source
-from support import adapter_applies, needs_adapter, requires_vllm, vllm_in
+from support import adapter_applies, needs_adapter, requires_vllm, state_under_user_apply, vllm_in
 
 pytestmark = requires_vllm
 applies = needs_adapter(ID, "vLLM 0.24.0+ writes chunked prompts whole and accepts chunked "
@@ -242,8 +242,4 @@ def test_with_it_each_prompt_is_written_whole_once_its_prefill_completes(
 
 @applies
 def test_user_apply_leaves_it_to_the_plugin() -> None:
-    report = speccompat.apply(only=[ID], judge_support=False)
-    try:
-        assert report.state_of(ID) is speccompat.State.SKIPPED
-    finally:
-        speccompat.revert()
+    assert state_under_user_apply(ID) is speccompat.State.SKIPPED

@@ -28,7 +28,7 @@ from speccompat.adapters.hidden_states_connector_group_block_size import (
 )
 from speccompat.record import ExtractionPath
 from speccompat.targets import module_source
-from support import needs_adapter, requires_vllm, vllm_in
+from support import needs_adapter, requires_vllm, state_under_user_apply, vllm_in
 
 pytestmark = requires_vllm
 applies = needs_adapter(ID, "0.22-0.23 read the layer's own slot mapping; 0.25+ the group's "
@@ -164,8 +164,4 @@ def test_before_0_24_the_block_size_is_set_but_never_read() -> None:
 
 @applies
 def test_user_apply_leaves_it_to_the_plugin() -> None:
-    report = speccompat.apply(only=[ID], judge_support=False)
-    try:
-        assert report.state_of(ID) is speccompat.State.SKIPPED
-    finally:
-        speccompat.revert()
+    assert state_under_user_apply(ID) is speccompat.State.SKIPPED
