@@ -100,13 +100,13 @@ SERVER_NO_AUX_LAYERS = CpuBuildBug(
 SERVER_SPEC_DECODE_GUMBEL = CpuBuildBug(
     "no speculative-decoding engine starts (the CPU triton stub lacks USE_FP64_GUMBEL)",
     vllm=">=0.23.0,<0.25.0")
-# Measured on 0.21.0 (cell 0.21.0 x 0.3.0) and 0.22.0 (and in CI at 902e864), not on 0.16.0:
-# a float32 MoE model takes cpu_fused_moe's torch path, whose op asks for the current vLLM
-# config inside the worker's forward ("Current vLLM config is not set"); bf16 takes the
-# compiled kernel and runs. 0.17-0.20 not measured.
+# Measured on 0.20.0, 0.21.0 (their cells with speculators 0.3.0) and 0.22.0 (and in CI at
+# 902e864); 0.16.0 and 0.19.1 run it: a float32 MoE model takes cpu_fused_moe's torch path,
+# whose op asks for the current vLLM config inside the worker's forward ("Current vLLM config
+# is not set"); bf16 takes the compiled kernel and runs.
 MOE_FP32_NEEDS_CURRENT_CONFIG = CpuBuildBug(
     "a float32 MoE forward asks for a current vLLM config inside the worker",
-    vllm=">=0.21.0,<0.23.0")
+    vllm=">=0.20.0,<0.23.0")
 # Measured on 0.29.0 and 0.32.0 (0.26.0 runs it; 0.27-0.28 not run): a hybrid (Mamba-style)
 # model's first request launches the Triton kernel precopy_mamba_align_fused_kernel[grid] in
 # mamba_utils, which the CPU build's Triton stub turns into a plain function ("'function'

@@ -108,7 +108,7 @@ def engine(tiny_deepseek_llama4_scaling: Path) -> Iterator[Any]:
                 worker_extension_cls=WORKER_EXTENSION)
     if cpu_build.AMX_ATTENTION_HEAD_DIM_32.present():
         # The test compares the capture with vLLM's own forward, which float32 shows as
-        # well; float32 is not the default, since on 0.21-0.22 it takes a MoE op that needs
+        # well; float32 is not the default, since on 0.20-0.22 it takes a MoE op that needs
         # a current config in the worker.
         cpu_build.MOE_FP32_NEEDS_CURRENT_CONFIG.skip_if_present(
             "and bf16 meets the AMX attention bug on this machine; the drift is checked on "
