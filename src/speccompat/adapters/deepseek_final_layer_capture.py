@@ -51,7 +51,8 @@ def final_state_tap() -> Any:
 
 def add_final_capture(stack: Any, layer_ids: Iterable[int]) -> bool:
     """Give ``stack`` (a ``DeepseekV2Model``) the pass-through step when the final id is asked
-    for on the rank that holds the last layer; True if it was added."""
+    for on the rank that holds the last layer; True if it was added. A second call adds
+    nothing: the stack then has one entry more than the final id."""
     num_layers = len(stack.layers)
     if int(stack.end_layer) != num_layers or num_layers not in {int(i) for i in layer_ids}:
         return False
@@ -64,9 +65,7 @@ def _with_final_capture(set_layers: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(set_layers)
     def set_aux_hidden_state_layers(self: Any, layers: tuple[int, ...]) -> Any:
         result = set_layers(self, layers)
-        stack = self.model
-        if not any(type(layer).__name__ == "FinalStateTap" for layer in stack.layers):
-            add_final_capture(stack, layers)
+        add_final_capture(self.model, layers)
         return result
 
     return set_aux_hidden_state_layers
