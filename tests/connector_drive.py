@@ -129,8 +129,13 @@ def paged_cache(hybrid: Hybrid) -> Any:
     import torch
     from vllm.model_executor.models.extract_hidden_states import CacheOnlyAttentionBackend
 
-    shape = CacheOnlyAttentionBackend.get_kv_cache_shape(
-        NUM_BLOCKS, GROUP_BLOCK, len(LAYER_IDS), hybrid.hidden)
+    if hasattr(CacheOnlyAttentionBackend, "get_kv_cache_shape"):  # up to 0.28
+        shape = CacheOnlyAttentionBackend.get_kv_cache_shape(
+            NUM_BLOCKS, GROUP_BLOCK, len(LAYER_IDS), hybrid.hidden)
+    else:
+        # 0.29+ lays the cache out from the spec, layers before tokens, as basic_cache
+        # and the connector's extract_from_kv_cache read it (block size = shape[2]).
+        shape = (NUM_BLOCKS, len(LAYER_IDS), GROUP_BLOCK, hybrid.hidden)
     return torch.zeros(shape, dtype=hybrid.config.model_config.dtype)
 
 
