@@ -172,6 +172,13 @@ def speculators_cli() -> Path:
     return Path(sys.executable).parent / "speculators"
 
 
+def has_offline_cli() -> bool:
+    """Whether the installed speculators has ``speculators generate-offline-data`` (0.8.0+)."""
+    import importlib.util
+
+    return importlib.util.find_spec("speculators.cli.generate_offline_data") is not None
+
+
 def write_preprocessed(directory: Path, prompts: list[list[int]]) -> Path:
     """The dataset ``speculators prepare-data`` writes (``input_ids``, ``loss_mask``,
     ``seq_len``, torch format), for prompts made here."""
@@ -241,9 +248,20 @@ def num_layers(model: Path) -> int:
 
 def generate(srv: Server, prompts: list[list[int]], work: Path,
              concurrency: int = 2) -> tuple[subprocess.CompletedProcess[str], Path]:
-    """speculators' ``generate-offline-data`` against ``srv``: (its run, its output folder)."""
-    data = write_preprocessed(work / "prepared", prompts)
+    """speculators' own client against ``srv``: (its run, its output folder). From 0.8.0 the
+    ``generate-offline-data`` CLI; before, the release's library client driven as its
+    repo-only script does (tests/speculators_client.py)."""
     out = work / "out"
+    if not has_offline_cli():
+        listing = work / "prompts.json"
+        listing.parent.mkdir(parents=True, exist_ok=True)
+        listing.write_text(json.dumps(prompts))
+        run = subprocess.run(
+            [sys.executable, str(Path(__file__).with_name("speculators_client.py")),
+             f"{srv.url}/v1", str(listing), str(out)],
+            capture_output=True, text=True, timeout=900, check=False)
+        return run, out
+    data = write_preprocessed(work / "prepared", prompts)
     run = subprocess.run(
         [str(speculators_cli()), "generate-offline-data", "--endpoint",
          f"{srv.url}/v1", "--preprocessed-data", str(data), "--output", str(out),

