@@ -9,6 +9,7 @@ from __future__ import annotations
 from types import ModuleType
 
 import pytest
+from packaging.version import Version
 
 
 @pytest.fixture(scope="session")
@@ -112,3 +113,55 @@ def kv_cache_config(vllm_config, kv_cache_groups):  # type: ignore[no-untyped-de
         config = get_kv_cache_config_from_groups(vllm_config, groups, 64 << 20)
     vllm_config.cache_config.num_gpu_blocks = config.num_blocks  # as speculators does
     return config
+
+
+# --- one extraction path per cell -------------------------------------------------------
+# A contract module whose adapters all serve one path runs in that path's cells only: an
+# in-process adapter's module (every adapter of it for speculators < 0.5) in the cells of
+# speculators 0.3.0/0.4.0, a server-path adapter's (every adapter of it for any speculators
+# and for vLLM 0.17.0 on, where extract_hidden_states exists) in the cells of speculators
+# 0.5.0-0.9.0. Every vLLM release from 0.17.0 has a cell of each path, so each module still
+# runs on each release; the other modules run everywhere.
+FIRST_SERVER = Version("0.5.0")
+
+
+def module_paths() -> dict[str, str]:
+    """``test_<module>.py`` -> "in-process" or "server", from the adapter catalogue."""
+    import speccompat
+    from speccompat import matrix
+
+    releases = [Version(v) for v in matrix.VLLM_RELEASES]
+    first_vllm = Version(matrix.FIRST_SERVER_VLLM)
+    before = [v for v in releases if v < first_vllm]
+    since = [v for v in releases if v >= first_vllm]
+    by_module: dict[str, set[str]] = {}
+    for adapter in speccompat.catalogue():
+        path = ""
+        if adapter.speculators is not None:
+            if not any(adapter.speculators.contains(Version(s), prereleases=True)
+                       for s in matrix.SERVER_SPECULATORS):
+                path = "in-process"
+        elif adapter.vllm is not None and not any(map(adapter.vllm.contains, before)) and any(
+                map(adapter.vllm.contains, since)):
+            path = "server"
+        by_module.setdefault(f"test_{adapter.id.split('.')[1]}.py", set()).add(path)
+    return {module: next(iter(paths)) for module, paths in by_module.items()
+            if len(paths) == 1 and "" not in paths}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    import speccompat
+
+    env = speccompat.detect()
+    if env.speculators is None or env.vllm is None or env.vllm.version < Version("0.17.0"):
+        return
+    here = "server" if env.speculators.version >= FIRST_SERVER else "in-process"
+    paths = module_paths()
+    for item in items:
+        path = paths.get(item.path.name)
+        if path is not None and path != here:
+            other = ("speculators 0.5.0-0.9.0" if path == "server"
+                     else "speculators 0.3.0/0.4.0")
+            item.add_marker(pytest.mark.skip(reason=(
+                f"{path} path's contract: checked in the {path} cells ({other}) of vLLM "
+                f"{env.vllm.version}; this cell has speculators {env.speculators.version}")))
