@@ -27,6 +27,23 @@ requires_speculators = pytest.mark.skipif(
     not _installed("speculators"), reason="speculators is not installed")
 
 
+def _has_generator() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(
+            "speculators.data_generation.vllm_hidden_states_generator") is not None
+    except ImportError:
+        return False
+
+
+# speculators 0.5.0 deleted the in-process generator: the server-path tests cover those.
+requires_generator = pytest.mark.skipif(
+    not _installed("speculators") or not _has_generator(),
+    reason="the installed speculators has no in-process VllmHiddenStatesGenerator (removed "
+           "in 0.5.0; the server path is tested by tests/e2e/test_server_*.py)")
+
+
 def contract_only_reason() -> str:
     """Why this run executes no model ("" when it does): the nox sessions set
     ``SPECCOMPAT_CONTRACT_ONLY=1`` with the cell's reason in ``SPECCOMPAT_CONTRACT_ONLY_WHY``

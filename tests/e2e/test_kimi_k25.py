@@ -10,9 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from support import adapter_applies, requires_speculators, requires_vllm, speculators_generator
+from support import (
+    adapter_applies,
+    requires_generator,
+    requires_speculators,
+    requires_vllm,
+    speculators_generator,
+)
 
-pytestmark = [requires_vllm, requires_speculators]
+pytestmark = [requires_vllm, requires_speculators, requires_generator]
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ import pytest
 import cpu_build
 from support import (
     chunked_prefill_on,
+    requires_generator,
     requires_speculators,
     requires_vllm,
     speculators_generator,
@@ -24,7 +25,7 @@ from support import (
     vllm_in,
 )
 
-pytestmark = [requires_vllm, requires_speculators]
+pytestmark = [requires_vllm, requires_speculators, requires_generator]
 
 # vLLM computes in bf16; the reference is HF in fp32 on the same bf16 weights. HF's own
 # bf16 run differs from its fp32 run on the tiny Llama by up to 3.7% mean / 5.4% max

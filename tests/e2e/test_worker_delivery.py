@@ -16,9 +16,9 @@ from speccompat.adapters import (
     get_hash_fn_by_name_moved,
     model_forward_drift,
 )
-from support import adapter_applies, requires_speculators, requires_vllm
+from support import adapter_applies, requires_generator, requires_speculators, requires_vllm
 
-pytestmark = [requires_vllm, requires_speculators]
+pytestmark = [requires_vllm, requires_speculators, requires_generator]
 EXTENSION = "speculators.data_generation.custom_worker.HiddenStatesWorkerExtension"
 # Without these (where they apply) speculators' worker extension does not import at all.
 IMPORT_FIXES = (get_hash_fn_by_name_moved.ID, config_dtype_annotation.ID,

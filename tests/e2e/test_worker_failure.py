@@ -14,13 +14,14 @@ from speccompat.adapters.collective_rpc_unique_reply_rank import ID as LIST_REPL
 from support import (
     constructor_kwargs,
     needs_adapter,
+    requires_generator,
     requires_speculators,
     requires_vllm,
     speculators_generator,
     speculators_in,
 )
 
-pytestmark = [requires_vllm, requires_speculators]
+pytestmark = [requires_vllm, requires_speculators, requires_generator]
 
 
 @pytest.fixture

