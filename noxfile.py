@@ -348,6 +348,9 @@ def cell(session: nox.Session, vllm: str, speculators: str, transformers: str) -
     if install == compatibility.PASSED and session.run(python, "-c", "", silent=True,
                                                        external=True) is None:
         return  # nox --install-only: the venv is ready, nothing ran, no record
+    environment_fix = ""
+    if install == compatibility.PASSED:
+        environment_fix = fix_stale_cuda_wheels(session, python)
     if install == compatibility.PASSED:
         stem = compatibility.record_name(vllm, speculators, transformers).removesuffix(".json")
         why = contract_only_reason(session, the_cell)
@@ -367,6 +370,7 @@ def cell(session: nox.Session, vllm: str, speculators: str, transformers: str) -
         wall_seconds=time.monotonic() - started, install=install,
         command=f"nox -s \"cell({cell_id(the_cell)})\"",
         venv=str(session.virtualenv.location), commit=speccompat_commit(),
+        environment_fix=environment_fix,
     )
     path = compatibility.write_record(RESULTS, record)
     session.log(f"{the_cell.name}: {record['outcome']} (contract: "
@@ -374,6 +378,20 @@ def cell(session: nox.Session, vllm: str, speculators: str, transformers: str) -
                 f"{compatibility.stage_text(record['e2e'])}); record: {path.relative_to(ROOT)}")
     if record["outcome"] == compatibility.FAILED:
         session.error(f"{the_cell.name} failed; see {path.relative_to(ROOT)}")
+
+
+def fix_stale_cuda_wheels(session: nox.Session, python: str) -> str:
+    """Where the user's upgrade left an earlier torch's CUDA wheels that break ``import
+    vllm`` (``speccompat.cuda_wheels``), what ``doctor`` says, then its fix applied, so the
+    tests run; the record keeps the message ("" when the install is clean)."""
+    raw = session.run(python, "-c", cells.STALE_CUDA_CHECK, silent=True, external=True)
+    found = cells.last_json_line(str(raw or "null"))
+    if not found or not found.get("torchcodec"):
+        return ""
+    session.warn(f"doctor: {found['message']}; applying its fix")
+    for step in cells.stale_cuda_fix(python, found):
+        session.run_install(*step, external=True)
+    return str(found["message"])
 
 
 @nox.session(name="matrix", python=False)

@@ -85,6 +85,27 @@ class Step:
     listing: str = ""
 
 
+# Run with the cell's interpreter (speccompat is installed there): the stale CUDA wheels
+# ``python -m speccompat doctor`` reports, as JSON (null when there are none).
+STALE_CUDA_CHECK = (
+    "import json\n"
+    "from speccompat.cuda_wheels import stale_cuda_wheels\n"
+    "found = stale_cuda_wheels()\n"
+    "print(json.dumps(None if found is None else {'stale': list(found.stale), "
+    "'reinstall': list(found.torch_cuda), 'torchcodec': found.torchcodec, "
+    "'message': found.message}))\n"
+)
+
+
+def stale_cuda_fix(python: str, found: Mapping[str, Any]) -> list[tuple[str, ...]]:
+    """doctor's fix for stale CUDA wheels, as uv commands: uninstall them, then reinstall
+    the needed nvidia wheels without their dependencies."""
+    steps = [("uv", "pip", "uninstall", "--python", python, *found["stale"])]
+    if found.get("reinstall"):
+        steps.append(uv_pip_install(python, "--reinstall", "--no-deps", *found["reinstall"]))
+    return steps
+
+
 def uv_pip_install(python: str, *args: str) -> tuple[str, ...]:
     """``uv pip install`` into the environment of ``python``."""
     return ("uv", "pip", "install", "--python", python, *args)

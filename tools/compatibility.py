@@ -150,6 +150,7 @@ def make_record(
     command: str = "",
     venv: str = "",
     commit: str = "",
+    environment_fix: str = "",
 ) -> dict[str, Any]:
     """One cell's result record: what ran, on what exactly, and how it went.
 
@@ -189,6 +190,9 @@ def make_record(
         **stage_records,
         "installed": dict(installed),
         "recipe": RECIPE,
+        # What `python -m speccompat doctor` found broken in the installed environment and
+        # whose fix the cell applied before the tests (its message), or "".
+        **({"environment_fix": environment_fix} if environment_fix else {}),
         "wall_seconds": round(wall_seconds, 1),
         "command": command,
         "venv": venv,
@@ -321,6 +325,8 @@ def _cell_row(cell: CellLike, record: Mapping[str, Any] | None) -> str:
             vllm = f"{label} ({wheel})"
     if record.get("recipe") != RECIPE:
         vllm += " †"
+    if record.get("environment_fix"):
+        vllm += " ‡"
     torch = installed.get("torch") or ""
     transformers = installed.get("transformers") or ""
     commit = str(record.get("speccompat_commit") or "")
@@ -367,6 +373,9 @@ def render(cells: Sequence[CellLike], records: Mapping[Key, Mapping[str, Any]]) 
         "0.4.0 (whose default is its own pin, 4.57.6): `nox -s \"cell(vllm='0.22.0', "
         "speculators='0.3.0', transformers='4.57.6')\"`.",
         f"† recorded with the former install recipe ({FORMER_RECIPE}).",
+        "‡ the install left an earlier torch's CUDA 12 wheels, beside which `import vllm` "
+        "fails (torchcodec's library does not load); `python -m speccompat doctor` names "
+        "them and the fix, and the cell applied that fix before its tests.",
         "",
         f"To reproduce: `{REPRODUCE}` (every cell; `nox -s matrix -- 0.16.0 0.4.0` for some; "
         "`nox -s render` re-renders this page from existing records).",

@@ -116,37 +116,24 @@ def kv_cache_config(vllm_config, kv_cache_groups):  # type: ignore[no-untyped-de
 
 
 # --- one extraction path per cell -------------------------------------------------------
-# A contract module whose adapters all serve one path runs in that path's cells only: an
-# in-process adapter's module (every adapter of it for speculators < 0.5) in the cells of
-# speculators 0.3.0/0.4.0, a server-path adapter's (every adapter of it for any speculators
-# and for vLLM 0.17.0 on, where extract_hidden_states exists) in the cells of speculators
-# 0.5.0-0.9.0. Every vLLM release from 0.17.0 has a cell of each path, so each module still
-# runs on each release; the other modules run everywhere.
+# A contract module whose adapters all serve one extraction path (their record's ``path``)
+# runs in that path's cells only: in-process modules in the cells of speculators 0.3.0/0.4.0,
+# server-path modules in those of speculators 0.5.0-0.9.0. Every vLLM release from 0.17.0
+# has cells of both, so each module still runs on each release; modules without an adapter
+# run everywhere.
 FIRST_SERVER = Version("0.5.0")
 
 
 def module_paths() -> dict[str, str]:
     """``test_<module>.py`` -> "in-process" or "server", from the adapter catalogue."""
     import speccompat
-    from speccompat import matrix
 
-    releases = [Version(v) for v in matrix.VLLM_RELEASES]
-    first_vllm = Version(matrix.FIRST_SERVER_VLLM)
-    before = [v for v in releases if v < first_vllm]
-    since = [v for v in releases if v >= first_vllm]
     by_module: dict[str, set[str]] = {}
     for adapter in speccompat.catalogue():
-        path = ""
-        if adapter.speculators is not None:
-            if not any(adapter.speculators.contains(Version(s), prereleases=True)
-                       for s in matrix.SERVER_SPECULATORS):
-                path = "in-process"
-        elif adapter.vllm is not None and not any(map(adapter.vllm.contains, before)) and any(
-                map(adapter.vllm.contains, since)):
-            path = "server"
-        by_module.setdefault(f"test_{adapter.id.split('.')[1]}.py", set()).add(path)
+        module = f"test_{adapter.id.split('.')[1]}.py"
+        by_module.setdefault(module, set()).add(adapter.path.value)
     return {module: next(iter(paths)) for module, paths in by_module.items()
-            if len(paths) == 1 and "" not in paths}
+            if len(paths) == 1}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -204,3 +204,14 @@ def test_newest_release_skips_yanked_and_prereleases() -> None:
     assert cells.newest_release(releases) == "0.9.0"
     with pytest.raises(RuntimeError, match="no release"):
         cells.newest_release({"1.0.0": []})
+
+
+def test_stale_cuda_fix_is_doctors_fix_as_uv_commands() -> None:
+    found = {"stale": ["nvidia-cublas-cu12", "nvidia-cudnn-cu12"],
+             "reinstall": ["nvidia-cublas", "nvidia-cudnn-cu13"], "torchcodec": True}
+    assert cells.stale_cuda_fix("/v/bin/python", found) == [
+        ("uv", "pip", "uninstall", "--python", "/v/bin/python", "nvidia-cublas-cu12",
+         "nvidia-cudnn-cu12"),
+        ("uv", "pip", "install", "--python", "/v/bin/python", "--reinstall", "--no-deps",
+         "nvidia-cublas", "nvidia-cudnn-cu13"),
+    ]

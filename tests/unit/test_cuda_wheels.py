@@ -1,0 +1,70 @@
+"""cuda_wheels: the CUDA 12 wheels an earlier torch left behind, as doctor reports them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from speccompat.cuda_wheels import stale_cuda_wheels
+
+
+@dataclass
+class FakeDistribution:
+    name: str
+    version: str = "1.0"
+    requires: list[str] | None = field(default_factory=list)
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        return {"Name": self.name}
+
+
+def dists(*items: FakeDistribution) -> list[Any]:
+    return list(items)
+
+
+# torch 2.11.0 on PyPI (Linux): the CUDA 13 wheels, a few of them named with -cu13.
+TORCH_2_11 = FakeDistribution("torch", "2.11.0", [
+    'nvidia-cudnn-cu13==9.19.0.56; platform_system == "Linux"',
+    'cuda-toolkit[cublas]==13.0.2; platform_system == "Linux"',
+])
+CUDA_13 = [FakeDistribution("nvidia-cudnn-cu13", requires=["nvidia-cublas"]),
+           FakeDistribution("cuda-toolkit", requires=["nvidia-cublas; extra == 'cublas'"]),
+           FakeDistribution("nvidia-cublas")]
+# What speculators 0.4.0's torch 2.10.0 brought, left after vLLM moved torch to 2.11.0.
+CUDA_12_LEFT = [FakeDistribution("nvidia-cusolver-cu12", requires=["nvidia-cublas-cu12"]),
+                FakeDistribution("nvidia-cublas-cu12"),
+                FakeDistribution("nvidia-cudnn-cu12", requires=["nvidia-cublas-cu12"])]
+
+
+def test_a_clean_install_has_none() -> None:
+    assert stale_cuda_wheels(dists(TORCH_2_11, *CUDA_13)) is None
+
+
+def test_without_torch_there_is_nothing_to_say() -> None:
+    assert stale_cuda_wheels(dists(*CUDA_12_LEFT)) is None
+
+
+def test_the_cuda_12_wheels_left_behind_are_stale_transitively() -> None:
+    found = stale_cuda_wheels(dists(TORCH_2_11, *CUDA_13, *CUDA_12_LEFT,
+                                    FakeDistribution("torchcodec", "0.17.0")))
+    assert found is not None
+    # nvidia-cublas-cu12 is required, but only by other stale wheels.
+    assert found.stale == ("nvidia-cublas-cu12", "nvidia-cudnn-cu12", "nvidia-cusolver-cu12")
+    assert found.torch == "2.11.0" and found.torchcodec
+    assert "nvidia-cudnn-cu13" in found.torch_cuda and "nvidia-cublas" in found.torch_cuda
+    message = found.message
+    assert "import vllm` fails from vLLM 0.25.0 on" in message
+    assert ("pip uninstall -y nvidia-cublas-cu12 nvidia-cudnn-cu12 nvidia-cusolver-cu12 && "
+            "pip install --force-reinstall --no-deps nvidia-cublas nvidia-cudnn-cu13") in message
+
+
+def test_cuda_12_wheels_torch_still_needs_are_not_stale() -> None:
+    torch_2_10 = FakeDistribution("torch", "2.10.0", ["nvidia-cusolver-cu12", "nvidia-cudnn-cu12"])
+    assert stale_cuda_wheels(dists(torch_2_10, *CUDA_12_LEFT)) is None
+
+
+def test_without_torchcodec_it_is_a_note() -> None:
+    found = stale_cuda_wheels(dists(TORCH_2_11, *CUDA_13, *CUDA_12_LEFT))
+    assert found is not None and not found.torchcodec
+    assert "would not load" in found.message
