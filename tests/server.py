@@ -176,7 +176,10 @@ def has_offline_cli() -> bool:
     """Whether the installed speculators has ``speculators generate-offline-data`` (0.8.0+)."""
     import importlib.util
 
-    return importlib.util.find_spec("speculators.cli.generate_offline_data") is not None
+    try:  # find_spec imports the parent package: speculators.cli is new in 0.8.0
+        return importlib.util.find_spec("speculators.cli.generate_offline_data") is not None
+    except ModuleNotFoundError:
+        return False
 
 
 def write_preprocessed(directory: Path, prompts: list[list[int]]) -> Path:

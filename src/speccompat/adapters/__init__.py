@@ -24,6 +24,7 @@ from . import (
     execute_model_sample_tokens,
     extract_hidden_states_layer_ids,
     get_hash_fn_by_name_moved,
+    hidden_states_connector_abort_before_schedule,
     hidden_states_connector_chunked_prefill,
     hidden_states_connector_cpu_writer,
     hidden_states_connector_group_block_size,
@@ -74,6 +75,7 @@ ADAPTERS: tuple[Adapter, ...] = (
     # The server path (speculators >= 0.5 through vllm serve): applied by the plugin.
     hidden_states_connector_cpu_writer.ADAPTER,
     hidden_states_connector_group_block_size.ADAPTER,
+    hidden_states_connector_abort_before_schedule.ADAPTER,
     hidden_states_connector_zero_rows.ADAPTER,
     hs_connectors_internals_missing.ADAPTER,
     hidden_states_connector_chunked_prefill.ADAPTER,
