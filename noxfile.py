@@ -351,7 +351,6 @@ def cell(session: nox.Session, vllm: str, speculators: str, transformers: str) -
     environment_fix = ""
     if install == compatibility.PASSED:
         environment_fix = fix_stale_cuda_wheels(session, python)
-    if install == compatibility.PASSED:
         stem = compatibility.record_name(vllm, speculators, transformers).removesuffix(".json")
         why = contract_only_reason(session, the_cell)
         stages["contract"] = run_stage(session, "tests/contract", the_cell,

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,7 +92,7 @@ STALE_CUDA_CHECK = (
     "from speccompat.cuda_wheels import stale_cuda_wheels\n"
     "found = stale_cuda_wheels()\n"
     "print(json.dumps(None if found is None else {'stale': list(found.stale), "
-    "'reinstall': list(found.torch_cuda), 'torchcodec': found.torchcodec, "
+    "'reinstall': list(found.reinstall), 'torchcodec': found.torchcodec, "
     "'message': found.message}))\n"
 )
 
@@ -222,6 +222,19 @@ def ipex_import_error(output: str) -> str:
 # --- upstream --------------------------------------------------------------------------
 
 
+def _final_releases(releases: Mapping[str, Sequence[Mapping[str, Any]]],
+                    ) -> Iterator[tuple[Version, Sequence[Mapping[str, Any]]]]:
+    """(version, files) of each final release in PyPI's JSON ``releases`` (no pre- or dev
+    releases, no unparsable version)."""
+    for text, files in releases.items():
+        try:
+            version = Version(text)
+        except InvalidVersion:
+            continue
+        if not (version.is_prerelease or version.is_devrelease):
+            yield version, files
+
+
 def newest_cpu_release(
     releases: Mapping[str, Sequence[Mapping[str, Any]]],
     python_version: str,
@@ -235,13 +248,7 @@ def newest_cpu_release(
     wanted = set(tags.cpython_tags((major, minor), platforms=platforms))
     wanted |= set(tags.compatible_tags((major, minor), platforms=platforms))
     candidates = []
-    for text, files in releases.items():
-        try:
-            version = Version(text)
-        except InvalidVersion:
-            continue
-        if version.is_prerelease or version.is_devrelease:
-            continue
+    for version, files in _final_releases(releases):
         for f in files:
             if f.get("yanked") or not f.get("filename", "").endswith(".whl"):
                 continue
@@ -257,16 +264,8 @@ def newest_cpu_release(
 def newest_release(releases: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
     """The newest final release with at least one file that is not yanked (speculators is
     pure Python: any of its wheels installs), from the ``releases`` of PyPI's JSON API."""
-    candidates = []
-    for text, files in releases.items():
-        try:
-            version = Version(text)
-        except InvalidVersion:
-            continue
-        if version.is_prerelease or version.is_devrelease:
-            continue
-        if any(not f.get("yanked") for f in files):
-            candidates.append(version)
+    candidates = [version for version, files in _final_releases(releases)
+                  if any(not f.get("yanked") for f in files)]
     if not candidates:
         raise RuntimeError("PyPI lists no release that is not yanked")
     return str(max(candidates))

@@ -163,26 +163,25 @@ def make_record(
     stage_records = {name: dict(stages.get(name, not_run("not started"))) for name in STAGES}
     outcomes = [s["outcome"] for s in stage_records.values()]
     e2e = stage_records["e2e"]
-    server = getattr(cell, "path", "in-process") == "server"
+    server = cell.path == "server"
     reason = ""
     if install != PASSED or FAILED in outcomes:
         outcome = FAILED
     elif stage_records["contract"]["outcome"] != PASSED:
         outcome = NOT_RUN
-    elif e2e["outcome"] == PASSED or (e2e["outcome"] == SKIPPED and not server):
+    elif e2e["outcome"] == PASSED or (
+            not server and (e2e["outcome"] == SKIPPED or cell.contract_only)):
         outcome = PASSED
-    elif cell.contract_only or server:
-        # No model ran: never "passed" on contract tests alone for the server path.
-        outcome = PASSED if cell.contract_only and not server else CONTRACT_ONLY
-        reasons = e2e.get("skip_reasons") or [e2e.get("reason") or "no CPU build"]
-        reason = "; ".join(str(r) for r in reasons[:1])
+    elif server:  # no model ran: never "passed" on contract tests alone
+        outcome = CONTRACT_ONLY
+        reason = str((e2e.get("skip_reasons") or [e2e.get("reason") or "no CPU build"])[0])
     else:
         outcome = NOT_RUN
     return {
         "schema": SCHEMA,
         "cell": {"vllm": cell.vllm, "speculators": cell.speculators,
                  "transformers": cell.transformers, "contract_only": cell.contract_only,
-                 "path": getattr(cell, "path", "in-process"), "wheel": wheel},
+                 "path": cell.path, "wheel": wheel},
         "date": date,
         "outcome": outcome,
         **({"reason": reason} if reason else {}),
@@ -388,7 +387,7 @@ def render(cells: Sequence[CellLike], records: Mapping[Key, Mapping[str, Any]]) 
         "shows \"not run\".",
     ]
     for path, title, intro in PATHS:
-        speculators = sorted({c.speculators for c in cells if _path(c) == path},
+        speculators = sorted({c.speculators for c in cells if c.path == path},
                              key=_version_key)
         if not speculators:
             continue
@@ -405,10 +404,6 @@ def render(cells: Sequence[CellLike], records: Mapping[Key, Mapping[str, Any]]) 
                           key=lambda c: (_version_key(c.vllm), c.transformers))
             lines += [_cell_row(c, records.get(cell_key(c))) for c in rows]
     return "\n".join(lines) + "\n"
-
-
-def _path(cell: CellLike) -> str:
-    return str(getattr(cell, "path", "in-process"))
 
 
 PATHS = (

@@ -30,7 +30,7 @@ _CUDA_MAJOR_WHEEL = re.compile(r"^nvidia-[a-z0-9-]+-cu(\d+)$")
 class StaleCudaWheels:
     stale: tuple[str, ...]  # installed, nothing requires them
     torch: str  # the installed torch's version
-    torch_cuda: tuple[str, ...]  # the nvidia-* wheels that are needed (torch's, transitively)
+    reinstall: tuple[str, ...]  # the needed nvidia-* wheels (torch's, transitively)
     torchcodec: bool  # installed: the package that fails to load beside them
 
     @property
@@ -40,11 +40,11 @@ class StaleCudaWheels:
                   if self.torchcodec else
                   "torchcodec (required by vLLM 0.25.0 on) would not load beside them")
         fix = f"pip uninstall -y {' '.join(self.stale)}"
-        if self.torch_cuda:
-            fix += f" && pip install --force-reinstall --no-deps {' '.join(self.torch_cuda)}"
+        if self.reinstall:
+            fix += f" && pip install --force-reinstall --no-deps {' '.join(self.reinstall)}"
         return (f"stale CUDA wheels: {', '.join(self.stale)} are installed and nothing "
                 f"requires them (left by an earlier torch; torch {self.torch} needs "
-                f"{len(self.torch_cuda)} other nvidia wheels). {effect}. Fix: {fix} "
+                f"{len(self.reinstall)} other nvidia wheels). {effect}. Fix: {fix} "
                 "(the reinstall puts back files the uninstall removes from the shared "
                 "nvidia/ folders)")
 

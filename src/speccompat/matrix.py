@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from packaging.version import Version
 
+from .record import ExtractionPath
 from .versions import Environment
 
 # Every vLLM release the matrix covers, oldest first. 0.33.0 has no CPU build.
@@ -26,7 +27,7 @@ VLLM_RELEASES: tuple[str, ...] = (
 # The two extraction paths. speculators 0.3.0 and 0.4.0 ship the in-process generator
 # (``VllmHiddenStatesGenerator``); 0.5.0 on extract through ``vllm serve`` with
 # ``extract_hidden_states`` and a hidden-states KV connector, which vLLM has from 0.17.0.
-IN_PROCESS, SERVER = "in-process", "server"
+IN_PROCESS, SERVER = ExtractionPath.IN_PROCESS.value, ExtractionPath.SERVER.value
 IN_PROCESS_SPECULATORS: tuple[str, ...] = ("0.3.0", "0.4.0")
 SERVER_SPECULATORS: tuple[str, ...] = ("0.5.0", "0.6.0", "0.7.0", "0.8.0", "0.9.0")
 SPECULATORS_RELEASES: tuple[str, ...] = IN_PROCESS_SPECULATORS + SERVER_SPECULATORS
@@ -112,6 +113,11 @@ for _spec in SERVER_SPECULATORS:
                                          "execution, CUDA wheel")
 
 
+def path_of(speculators: str | Version) -> str:
+    """How a speculators release extracts: ``SERVER`` from 0.5.0, else ``IN_PROCESS``."""
+    return SERVER if Version(str(speculators)) >= Version(SERVER_SPECULATORS[0]) else IN_PROCESS
+
+
 @dataclass(frozen=True)
 class Cell:
     vllm: str
@@ -125,7 +131,7 @@ class Cell:
     @property
     def path(self) -> str:
         """How this cell's speculators extracts: ``IN_PROCESS`` or ``SERVER``."""
-        return SERVER if Version(self.speculators) >= Version("0.5.0") else IN_PROCESS
+        return path_of(self.speculators)
 
     @property
     def contract_only(self) -> bool:

@@ -121,7 +121,6 @@ def kv_cache_config(vllm_config, kv_cache_groups):  # type: ignore[no-untyped-de
 # server-path modules in those of speculators 0.5.0-0.9.0. Every vLLM release from 0.17.0
 # has cells of both, so each module still runs on each release; modules without an adapter
 # run everywhere.
-FIRST_SERVER = Version("0.5.0")
 
 
 def module_paths() -> dict[str, str]:
@@ -138,11 +137,13 @@ def module_paths() -> dict[str, str]:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     import speccompat
+    from speccompat import matrix
 
     env = speccompat.detect()
-    if env.speculators is None or env.vllm is None or env.vllm.version < Version("0.17.0"):
+    if env.speculators is None or env.vllm is None or env.vllm.version < Version(
+            matrix.FIRST_SERVER_VLLM):
         return
-    here = "server" if env.speculators.version >= FIRST_SERVER else "in-process"
+    here = matrix.path_of(env.speculators.version)
     paths = module_paths()
     for item in items:
         path = paths.get(item.path.name)

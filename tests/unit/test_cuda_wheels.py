@@ -52,7 +52,7 @@ def test_the_cuda_12_wheels_left_behind_are_stale_transitively() -> None:
     # nvidia-cublas-cu12 is required, but only by other stale wheels.
     assert found.stale == ("nvidia-cublas-cu12", "nvidia-cudnn-cu12", "nvidia-cusolver-cu12")
     assert found.torch == "2.11.0" and found.torchcodec
-    assert "nvidia-cudnn-cu13" in found.torch_cuda and "nvidia-cublas" in found.torch_cuda
+    assert "nvidia-cudnn-cu13" in found.reinstall and "nvidia-cublas" in found.reinstall
     message = found.message
     assert "import vllm` fails from vLLM 0.25.0 on" in message
     assert ("pip uninstall -y nvidia-cublas-cu12 nvidia-cudnn-cu12 nvidia-cusolver-cu12 && "
