@@ -28,7 +28,6 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -78,48 +77,6 @@ def on_cpu_build() -> bool:
     return True
 
 
-class Launched:
-    """One server, started with ``engine_args`` (and the extraction configs when
-    ``storage`` is given), stopped on exit."""
-
-    def __init__(self, model: Path, workdir: Path, engine_args: list[str],
-                 storage: Path | None, layer_ids: list[int], env: dict[str, str]) -> None:
-        import server
-
-        self.model = model
-        self.log = workdir / "server.log"
-        self.port = server.free_port()
-        extract = ([] if storage is None else
-                   ["--speculative-config", server.speculative_config(layer_ids),
-                    "--kv-transfer-config", server.kv_transfer_config(storage)])
-        command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
-                   str(model), "--host", "127.0.0.1", "--port", str(self.port),
-                   *engine_args, *extract]
-        environ = dict(os.environ, **env)
-        with self.log.open("wb") as out:
-            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
-                                            env=environ, start_new_session=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def wait_ready(self, seconds: float = 900.0) -> None:
-        import server
-
-        deadline = time.monotonic() + seconds
-        while not server._healthy(self.url):
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                tail = self.log.read_text(errors="replace")[-4000:]
-                raise RuntimeError(f"the server did not start; its log ends:\n{tail}")
-            time.sleep(2)
-
-    def stop(self) -> None:
-        import server
-
-        server.stop(self.process)
-
-
 async def run_plain(url: str, model: str, prompts: list[list[int]], concurrency: int) -> float:
     import openai
 
@@ -167,42 +124,35 @@ async def run_extract(url: str, model: str, prompts: list[list[int]],
     return time.perf_counter() - started
 
 
-def run_cli(url: str, prompts: list[list[int]], concurrency: int, workdir: Path) -> float:
+def run_cli(srv: Any, prompts: list[list[int]], concurrency: int, workdir: Path) -> float:
     import server
 
     started = time.perf_counter()
-    run, _ = server.generate(_Endpoint(url), prompts, workdir, concurrency=concurrency)
+    run, _ = server.generate(srv, prompts, workdir, concurrency=concurrency)
     seconds = time.perf_counter() - started
     if run.returncode != 0:
         raise RuntimeError(f"generate-offline-data failed:\n{run.stderr[-3000:]}")
     return seconds
 
 
-class _Endpoint:
-    def __init__(self, url: str) -> None:
-        self.url = url
+def measure(name: str, model: Path, workdir: Path, args: Any, prompts: list[list[int]],
+            warm: list[list[int]], layer_ids: list[int]) -> float:
+    """One configuration on a fresh server (the tests' ``server.serve``)."""
+    import server
 
-
-def measure(name: str, model: Path, workdir: Path, engine_args: list[str], args: Any,
-            prompts: list[list[int]], warm: list[list[int]], layer_ids: list[int]) -> float:
     folder = workdir / name
     folder.mkdir(parents=True, exist_ok=True)
-    storage = None if name == "plain" else folder / "hs"
-    if storage is not None:
-        storage.mkdir(exist_ok=True)
     env = {"SPECCOMPAT_DISABLE": "1"} if name == "stock" else {}
-    launched = Launched(model, folder, engine_args, storage, layer_ids, env)
-    try:
-        launched.wait_ready()
+    with server.serve(model, folder, None if name == "plain" else layer_ids, *args.vllm_args,
+                      env=env, eager=not args.no_eager,
+                      max_model_len=max(1024, args.prompt_len + 16)) as srv:
         if name == "plain":
-            asyncio.run(run_plain(launched.url, str(model), warm, args.concurrency))
-            return asyncio.run(run_plain(launched.url, str(model), prompts, args.concurrency))
-        asyncio.run(run_extract(launched.url, str(model), warm, args.concurrency))
+            asyncio.run(run_plain(srv.url, str(model), warm, args.concurrency))
+            return asyncio.run(run_plain(srv.url, str(model), prompts, args.concurrency))
+        asyncio.run(run_extract(srv.url, str(model), warm, args.concurrency))
         if name == "cli":
-            return run_cli(launched.url, prompts, args.concurrency, folder / "cli")
-        return asyncio.run(run_extract(launched.url, str(model), prompts, args.concurrency))
-    finally:
-        launched.stop()
+            return run_cli(srv, prompts, args.concurrency, folder / "cli")
+        return asyncio.run(run_extract(srv.url, str(model), prompts, args.concurrency))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -218,14 +168,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     warm = tiny_models.make_prompts(vocab, [args.prompt_len] * max(2, args.concurrency),
                                     seed=12)
     tokens = sum(len(p) for p in prompts)
-    engine_args = ["--max-model-len", str(max(1024, args.prompt_len + 16)),
-                   *([] if args.no_eager else ["--enforce-eager"]), *args.vllm_args]
     cpu = on_cpu_build()
     if cpu:
         import cpu_env
 
-        cpu_env.set_defaults()
-        os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)  # one engine, not two TP ranks
+        cpu_env.set_defaults()  # server.serve drops the two-rank thread binding
     import speccompat
 
     env = speccompat.detect()
@@ -233,8 +180,9 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{' (CPU build)' if cpu else ''}, speculators "
           f"{env.speculators.version if env.speculators else '?'}, speccompat "
           f"{speccompat.__version__}; {args.prompts} prompts x {args.prompt_len} tokens "
-          f"({tokens} tokens), concurrency {args.concurrency}, ids {layer_ids}, engine "
-          f"args {engine_args}", flush=True)
+          f"({tokens} tokens), concurrency {args.concurrency}, ids {layer_ids}, "
+          f"{'compiled' if args.no_eager else 'eager'}, more engine args {args.vllm_args}",
+          flush=True)
     results: dict[str, float | str] = {}
     for name in ("plain", "speccompat", "stock", "cli"):
         if name in args.skip:
@@ -242,8 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif name == "stock" and cpu:
             results[name] = "n/a: the stock connector cannot write on vLLM's CPU build"
         else:
-            results[name] = measure(name, model, workdir, engine_args, args, prompts, warm,
-                                    layer_ids)
+            results[name] = measure(name, model, workdir, args, prompts, warm, layer_ids)
         print(f"  {name}: {results[name]}", flush=True)
     plain = results.get("plain")
     print(f"\n{'configuration':<12} {'seconds':>9} {'tok/s':>10} {'vs plain':>9}")

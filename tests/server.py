@@ -99,20 +99,24 @@ def _healthy(url: str) -> bool:
 
 
 @contextlib.contextmanager
-def serve(model: Path, workdir: Path, layer_ids: Sequence[int], *extra: str,
-          env: dict[str, str] | None = None, eager: bool = True) -> Iterator[Server]:
+def serve(model: Path, workdir: Path, layer_ids: Sequence[int] | None, *extra: str,
+          env: dict[str, str] | None = None, eager: bool = True,
+          max_model_len: int = 1024) -> Iterator[Server]:
     """``vllm serve MODEL`` with ``extract_hidden_states`` and the stock connector writing
-    to ``workdir/hs``; yields once ``/health`` answers; stops the server by its PID.
-    ``eager=False`` keeps vLLM's compilation and CUDA graphs (what users run on a GPU)."""
+    to ``workdir/hs`` (``layer_ids=None``: neither, a plain server); yields once ``/health``
+    answers; stops the server by its PID. ``eager=False`` keeps vLLM's compilation and CUDA
+    graphs (what users run on a GPU)."""
     storage = workdir / "hs"
     storage.mkdir(parents=True, exist_ok=True)
     log = workdir / "server.log"
     port = free_port()
+    extract = [] if layer_ids is None else [
+        "--speculative-config", speculative_config(layer_ids),
+        "--kv-transfer-config", kv_transfer_config(storage)]
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
                "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
-               "--max-model-len", "1024", *(["--enforce-eager"] if eager else []),
-               "--speculative-config", speculative_config(layer_ids),
-               "--kv-transfer-config", kv_transfer_config(storage), *extra]
+               "--max-model-len", str(max_model_len), *(["--enforce-eager"] if eager else []),
+               *extract, *extra]
     environ = dict(os.environ)  # conftest set CPU_ENV and the preloads
     # One engine: the TP binding of the test environment ("0|1") is for two ranks; a TP=2
     # server passes it back through ``env``.
