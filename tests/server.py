@@ -176,14 +176,28 @@ def speculators_cli() -> Path:
     return Path(sys.executable).parent / "speculators"
 
 
-def has_offline_cli() -> bool:
-    """Whether the installed speculators has ``speculators generate-offline-data`` (0.8.0+)."""
+def module_installed(dotted: str) -> bool:
+    """Whether module ``dotted`` is installed, found on disk without importing any package.
+
+    ``find_spec("a.b")`` imports ``a``, and importing speculators 0.3.0/0.4.0 under
+    transformers >= 5.4 raises PydanticUndefinedAnnotation where speccompat is not applied
+    (as in a test session's own process): a presence check must not depend on that."""
     import importlib.util
 
-    try:  # find_spec imports the parent package: speculators.cli is new in 0.8.0
-        return importlib.util.find_spec("speculators.cli.generate_offline_data") is not None
-    except ModuleNotFoundError:
-        return False
+    top, *rest = dotted.split(".")
+    spec = importlib.util.find_spec(top)  # a top-level name: found, not imported
+    if spec is None or not rest:
+        return spec is not None
+    for base in spec.submodule_search_locations or ():
+        path = Path(base, *rest)
+        if path.with_suffix(".py").is_file() or (path / "__init__.py").is_file():
+            return True
+    return False
+
+
+def has_offline_cli() -> bool:
+    """Whether the installed speculators has ``speculators generate-offline-data`` (0.8.0+)."""
+    return module_installed("speculators.cli.generate_offline_data")
 
 
 def write_preprocessed(directory: Path, prompts: list[list[int]]) -> Path:

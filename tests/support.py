@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+import server
 from speccompat import teardown
 
 
@@ -27,19 +28,9 @@ requires_speculators = pytest.mark.skipif(
     not _installed("speculators"), reason="speculators is not installed")
 
 
-def _has_generator() -> bool:
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec(
-            "speculators.data_generation.vllm_hidden_states_generator") is not None
-    except ImportError:
-        return False
-
-
 # speculators 0.5.0 deleted the in-process generator: the server-path tests cover those.
 requires_generator = pytest.mark.skipif(
-    not _installed("speculators") or not _has_generator(),
+    not server.module_installed("speculators.data_generation.vllm_hidden_states_generator"),
     reason="the installed speculators has no in-process VllmHiddenStatesGenerator (removed "
            "in 0.5.0; the server path is tested by tests/e2e/test_server_*.py)")
 
