@@ -359,7 +359,9 @@ def cell(session: nox.Session, vllm: str, speculators: str, transformers: str) -
             stages["e2e"] = compatibility.not_run(
                 f"contract-only cell: {why}; model execution not run")
         else:
-            stages["e2e"] = run_stage(session, "tests/e2e", the_cell, JUNIT / f"{stem}-e2e.xml")
+            junit = JUNIT / f"{stem}-e2e.xml"
+            stages["e2e"] = compatibility.require_generator_tests(
+                run_stage(session, "tests/e2e", the_cell, junit), junit, the_cell.path)
     try:
         installed = installed_versions(session, python)
     except CommandFailed:

@@ -96,7 +96,7 @@ def junit_counts(path: Path) -> dict[str, int] | None:
     return counts
 
 
-def skip_reasons(path: Path, limit: int = 3) -> list[str]:
+def skip_reasons(path: Path, limit: int | None = 3) -> list[str]:
     """The most frequent skip messages in a junit file (pytest's "file:line: reason" with
     the location dropped), most frequent first."""
     try:
@@ -132,6 +132,24 @@ def stage_from_junit(junit: Path, *, error: str | None = None) -> dict[str, Any]
     else:
         stage.update(outcome=NOT_RUN, reason="no tests collected")
     return stage
+
+
+# tests/support.requires_generator's skip message. In a cell of speculators 0.3.0/0.4.0 it
+# means the generator's own tests did not run, so the stage must not pass: a presence check
+# that imported speculators once mistook an import error for "no generator" (0.20.0 x 0.3.0).
+NO_GENERATOR_SKIP = "has no in-process VllmHiddenStatesGenerator"
+
+
+def require_generator_tests(stage: Mapping[str, Any], junit: Path, path: str) -> dict[str, Any]:
+    """An in-process cell's e2e ``stage``, failed where its junit shows the in-process
+    generator's tests skipped for want of the generator; unchanged otherwise."""
+    if path == "server" or stage.get("outcome") != PASSED:
+        return dict(stage)
+    missing = [m for m in skip_reasons(junit, limit=None) if NO_GENERATOR_SKIP in m]
+    if not missing:
+        return dict(stage)
+    return {**stage, "outcome": FAILED,
+            "reason": f"an in-process cell whose generator tests did not run: {missing[0]}"}
 
 
 def not_run(reason: str) -> dict[str, Any]:

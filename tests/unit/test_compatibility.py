@@ -328,3 +328,18 @@ def test_a_record_keeps_the_environment_fix_and_the_row_marks_it(tmp_path: Path)
     assert row.startswith("| 0.16.0 ‡ | passed")
     assert "environment_fix" not in compat.make_record(
         CELLS[1], wheel="w", date="d", stages={}, installed={}, wall_seconds=1.0)
+
+
+def test_an_in_process_cell_fails_where_the_generator_tests_skipped(tmp_path: Path) -> None:
+    no_generator = ("the installed speculators has no in-process VllmHiddenStatesGenerator "
+                    "(removed in 0.5.0; the server path is tested by tests/e2e/test_server_*.py)")
+    e2e_junit = junit_with_skips(tmp_path / "e2e.xml", ["needs two cores", no_generator])
+    passed = {"outcome": compat.PASSED, "tests": 3, "passed": 1, "skipped": 2}
+    stage = compat.require_generator_tests(passed, e2e_junit, "in-process")
+    assert stage["outcome"] == compat.FAILED
+    assert "generator tests did not run" in stage["reason"]
+    assert "no in-process VllmHiddenStatesGenerator" in stage["reason"]
+    # The same skips are expected on the server path; other skips fail nothing.
+    assert compat.require_generator_tests(passed, e2e_junit, "server") == passed
+    other = junit_with_skips(tmp_path / "other.xml", ["needs two cores"])
+    assert compat.require_generator_tests(passed, other, "in-process") == passed
