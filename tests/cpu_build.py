@@ -91,12 +91,14 @@ AMX_ATTENTION_HEAD_DIM_32 = CpuBuildBug(
     amx_only=True)
 
 # The server path (``extract_hidden_states`` through ``vllm serve``) on the CPU builds.
-# Measured with speccompat disabled: 0.17-0.21's CPU model runner never sets the aux layers
-# ("ValueError" at warm-up); 0.23 and 0.24's CPU triton stub lacks USE_FP64_GUMBEL, so no
-# speculative-decoding engine starts at all (the issue's command fails the same way).
-SERVER_NO_AUX_LAYERS = CpuBuildBug(
-    "the CPU model runner never sets extract_hidden_states' aux layers (warm-up ValueError)",
-    vllm="<0.22.0")
+# Read from the wheels and measured on 0.17.0: 0.17-0.19's CPU model runner asserts
+# "spec decode is not supported" (0.20.0 added it). Measured with speccompat disabled: 0.23
+# and 0.24's CPU triton stub lacks USE_FP64_GUMBEL, so no speculative-decoding engine starts
+# at all (the issue's command fails the same way). (0.20-0.21's CPU runner, which never set
+# the aux layers, is an adapter's: vllm.cpu_runner_aux_layers.)
+SERVER_NO_SPEC_DECODE = CpuBuildBug(
+    "the CPU model runner refuses speculative decoding ('spec decode is not supported')",
+    vllm="<0.20.0")
 SERVER_SPEC_DECODE_GUMBEL = CpuBuildBug(
     "no speculative-decoding engine starts (the CPU triton stub lacks USE_FP64_GUMBEL)",
     vllm=">=0.23.0,<0.25.0")

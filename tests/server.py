@@ -158,12 +158,15 @@ def stop(process: subprocess.Popen[bytes], grace: float = 30.0) -> None:
 
 def wait_until_written(path: Path, timeout: float = 120.0) -> None:
     """As the connector's clients do: a shared lock on ``<path>.lock``, which the writer
-    holds exclusively until the file is complete."""
+    (vLLM 0.22+) holds exclusively until the file is complete. Before 0.22 the connector
+    writes inside the forward, before the answer, and makes no lock: the file is there."""
     import fcntl
 
     lock = Path(f"{path}.lock")
     deadline = time.monotonic() + timeout
     while not lock.exists():
+        if path.exists():
+            return
         if time.monotonic() > deadline:
             raise TimeoutError(f"no {lock} after {timeout:.0f} s")
         time.sleep(0.5)
@@ -223,7 +226,7 @@ def skip_unless_the_cpu_build_serves() -> None:
 
     if why := contract_only_reason():
         pytest.skip(why)
-    for bug in (cpu_build.SERVER_NO_AUX_LAYERS, cpu_build.SERVER_SPEC_DECODE_GUMBEL):
+    for bug in (cpu_build.SERVER_NO_SPEC_DECODE, cpu_build.SERVER_SPEC_DECODE_GUMBEL):
         bug.skip_if_present("the source facts are checked by this file's raw tests")
 
 

@@ -410,8 +410,9 @@ def servable_aux_ids(architecture: str, num_layers: int, vllm_version: str, *,
       happens only before each layer (so ``num_layers`` never matches) and adds the
       residual that is still None before layer 0.
 
-    ``first_id_repaired`` / ``final_id_repaired``: speccompat's DeepSeek adapters
-    (``deepseek_first_layer_residual``, ``deepseek_final_layer_capture``) are applied in the
+    ``first_id_repaired`` / ``final_id_repaired``: speccompat's adapters for this
+    architecture (DeepSeek's ``deepseek_first_layer_residual`` and
+    ``deepseek_final_layer_capture``; 0.17's ``llama_family_edge_ids``) are applied in the
     process that runs the model, so those ids are served after all.
     """
     from packaging.version import Version
@@ -431,7 +432,10 @@ def servable_aux_ids(architecture: str, num_layers: int, vllm_version: str, *,
     elif version < Version("0.18.0"):
         # 0.17's LlamaModel captures like DeepSeek before 0.25: before each layer only, and
         # before layer 0 adds a residual that is still None.
-        low, high = 1, n - 1
-        limits.append(f"id 0 breaks the first layer on vLLM {version}")
-        limits.append(f"id {n}, the final pre-norm state, needs vLLM >= 0.18.0")
+        if not first_id_repaired:
+            low = 1
+            limits.append(f"id 0 breaks the first layer on vLLM {version}")
+        if not final_id_repaired:
+            high = n - 1
+            limits.append(f"id {n}, the final pre-norm state, needs vLLM >= 0.18.0")
     return ServableIds(low, high, tuple(limits))

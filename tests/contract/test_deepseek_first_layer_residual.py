@@ -89,7 +89,7 @@ def test_the_loop_gets_the_ids_without_0_and_a_flag(ids: list[int]) -> None:
     from types import SimpleNamespace
 
     import speccompat
-    from speccompat.adapters.deepseek_first_layer_residual import SERVES_ID_0
+    from speccompat.aux_edges import SERVES_ID_0
     from speccompat.record import ExtractionPath
 
     report = speccompat.apply(only=[ID], paths=(ExtractionPath.SERVER,), judge_support=False)

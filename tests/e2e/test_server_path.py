@@ -16,7 +16,13 @@ import pytest
 from packaging.version import Version
 
 import server
-from support import contract_only_reason, requires_speculators, requires_vllm, speculators_in
+from support import (
+    contract_only_reason,
+    requires_speculators,
+    requires_vllm,
+    speculators_in,
+    vllm_in,
+)
 
 pytestmark = [requires_vllm, requires_speculators,
               speculators_in(">=0.5", "speculators before 0.5 has no server-path client")]
@@ -53,6 +59,8 @@ def test_llama_every_id_matches_hf_fp32(llama_fp32: Path, tmp_path: Path) -> Non
         assert worst[3] < FP32_BOUND, f"prompt {worst[0]}, id {worst[1]}: {worst[3]:.2e}"
 
 
+@vllm_in(">=0.22.0", "the connector's CUDA-only writer came with 0.22.0; before it, without "
+         "speccompat the CPU runner dies at warm-up (tests/contract/test_cpu_runner_aux_layers.py)")
 def test_without_speccompat_the_cpu_build_writes_no_file(llama_fp32: Path,
                                                          tmp_path: Path) -> None:
     """The raw behaviour the connector adapter answers: the request returns a path, only
@@ -99,6 +107,8 @@ def test_an_id_the_model_cannot_serve_stops_the_server_at_start(llama_fp32: Path
     assert f"valid: 0..{n}" in text
 
 
+@vllm_in(">=0.18.0", "0.17's LlamaModel captures only before each layer: id N + 1 is one state "
+         "too few there, not a silent copy")
 def test_without_speccompat_that_id_is_silently_wrong(llama_fp32: Path, tmp_path: Path) -> None:
     """The raw behaviour (only the layer-id adapter skipped; the CPU writer stays): vLLM
     0.26 starts with ids [1, N + 1], answers HTTP 200 and writes a file of the right

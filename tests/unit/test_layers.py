@@ -332,3 +332,14 @@ def test_deepseek_ids_served_once_speccompat_repairs_them(first: bool, final: bo
     servable = servable_aux_ids("DeepseekV3ForCausalLM", 4, "0.22.0",
                                 first_id_repaired=first, final_id_repaired=final)
     assert (servable.low, servable.high) == (low, high)
+
+
+def test_llama_edge_ids_on_0_17_served_once_speccompat_repairs_them() -> None:
+    from speccompat.layers import servable_aux_ids
+
+    repaired = servable_aux_ids("LlamaForCausalLM", 4, "0.17.1", first_id_repaired=True,
+                                final_id_repaired=True)
+    assert (repaired.low, repaired.high, repaired.limits) == (0, 4, ())
+    # The flags mean nothing where vLLM serves 0..N itself.
+    assert servable_aux_ids("LlamaForCausalLM", 4, "0.26.0", first_id_repaired=False,
+                            final_id_repaired=False).low == 0

@@ -19,6 +19,7 @@ from . import (
     config_dtype_annotation,
     cpu_attention_block_size,
     cpu_mem_get_info,
+    cpu_runner_aux_layers,
     deepseek_final_layer_capture,
     deepseek_first_layer_residual,
     execute_model_sample_tokens,
@@ -35,6 +36,7 @@ from . import (
     kv_cache_layout_resolution,
     kv_cache_planning_moved,
     kv_cache_specs_removed,
+    llama_family_edge_ids,
     model_forward_drift,
     prefix_caching_default_on,
     request_eos_token_id_removed,
@@ -74,6 +76,7 @@ ADAPTERS: tuple[Adapter, ...] = (
     kimi_k25_unfused_qkv_a_proj.ADAPTER,
     # The server path (speculators >= 0.5 through vllm serve): applied by the plugin.
     hidden_states_connector_cpu_writer.ADAPTER,
+    cpu_runner_aux_layers.ADAPTER,
     hidden_states_connector_group_block_size.ADAPTER,
     hidden_states_connector_abort_before_schedule.ADAPTER,
     hidden_states_connector_zero_rows.ADAPTER,
@@ -81,5 +84,6 @@ ADAPTERS: tuple[Adapter, ...] = (
     hidden_states_connector_chunked_prefill.ADAPTER,
     deepseek_final_layer_capture.ADAPTER,
     deepseek_first_layer_residual.ADAPTER,
+    llama_family_edge_ids.ADAPTER,
     extract_hidden_states_layer_ids.ADAPTER,
 )

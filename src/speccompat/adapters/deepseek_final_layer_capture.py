@@ -6,23 +6,18 @@ request ("The expanded size of the tensor (4) must match the existing size (3)")
 #46973 (0.25.0) added the capture after the last layer.
 
 The adapter lets vLLM's own loop capture it: when the final id is asked for, the last
-pipeline rank's decoder stack gets one more entry, a pass-through "layer" that returns
-``(hidden_states, residual)`` unchanged, and the loop runs one step further. At that step
-vLLM itself appends ``hidden_states + residual`` (the final pre-norm state, exactly what
-0.25's capture appends), then the final norm sees the same tensors as before.
-
-The pass-through is added to the live model where the model runner sets the aux layers
-(``set_aux_hidden_state_layers``), before any forward, warm-up or compilation;
-``revert()`` restores the method, and models built afterwards are untouched.
+pipeline rank's decoder stack gets one more entry, a pass-through "layer", and the loop
+runs one step further, where vLLM itself appends ``hidden_states + residual`` (the final
+pre-norm state, exactly what 0.25's capture appends; ``speccompat.aux_edges``, shared with
+``llama_family_edge_ids``). It is added to the live model where the model runner sets the
+aux layers; ``revert()`` restores the method, and models built afterwards are untouched.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Iterable
 from types import ModuleType
-from typing import Any
 
+from ..aux_edges import setter_serving
 from ..patching import Patcher
 from ..record import Adapter, ExtractionPath, Side
 from ..targets import source_def
@@ -35,40 +30,6 @@ SETTER = "set_aux_hidden_state_layers"
 # What 0.18-0.24 have (the capture before each layer) and 0.25 added (after the last).
 BEFORE_EACH_LAYER = "if idx in self.aux_hidden_state_layers:"
 AFTER_THE_LAST = "if self.end_layer in self.aux_hidden_state_layers"
-
-
-def final_state_tap() -> Any:
-    """A decoder-layer stand-in that changes nothing: one more loop step, no computation."""
-    from torch import nn
-
-    class FinalStateTap(nn.Module):  # type: ignore[misc]  # torch is the user's, untyped here
-        def forward(self, positions: Any, hidden_states: Any, residual: Any,
-                    *args: Any, **kwargs: Any) -> tuple[Any, Any]:
-            return hidden_states, residual
-
-    return FinalStateTap()
-
-
-def add_final_capture(stack: Any, layer_ids: Iterable[int]) -> bool:
-    """Give ``stack`` (a ``DeepseekV2Model``) the pass-through step when the final id is asked
-    for on the rank that holds the last layer; True if it was added. A second call adds
-    nothing: the stack then has one entry more than the final id."""
-    num_layers = len(stack.layers)
-    if int(stack.end_layer) != num_layers or num_layers not in {int(i) for i in layer_ids}:
-        return False
-    stack.layers.append(final_state_tap())
-    stack.end_layer = num_layers + 1
-    return True
-
-
-def _with_final_capture(set_layers: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(set_layers)
-    def set_aux_hidden_state_layers(self: Any, layers: tuple[int, ...]) -> Any:
-        result = set_layers(self, layers)
-        add_final_capture(self.model, layers)
-        return result
-
-    return set_aux_hidden_state_layers
 
 
 def _probe() -> str | None:
@@ -88,7 +49,8 @@ def _probe() -> str | None:
 
 def _patch(patcher: Patcher) -> None:
     def on_deepseek(module: ModuleType) -> None:
-        patcher.wrap(getattr(module, CAUSAL_LM), SETTER, _with_final_capture)
+        patcher.wrap(getattr(module, CAUSAL_LM), SETTER,
+                     setter_serving(first_id=False, final_id=True))
 
     patcher.on_import(DEEPSEEK, on_deepseek)
 

@@ -5,24 +5,16 @@ still ``None``: with id 0 (the embeddings, HF ``output_hidden_states[0]``) an
 request (0.32). Every release with the capture, 0.18.0 to 0.32.0 at least, has it.
 
 The state vLLM means there is the embeddings themselves. The adapter computes them once,
-hands them to vLLM's own forward as ``inputs_embeds`` (which the forward takes instead of
-looking the tokens up, so nothing is computed twice) with id 0 hidden from the loop, and
-puts a copy in front of the states vLLM captured, where id 0's slot is (vLLM stacks the
-states in layer order).
-
-Where the runner sets the aux layers (``set_aux_hidden_state_layers``), the decoder stack
-keeps the ids without 0 and a plain flag that id 0 was asked for: both are constants to
-``torch.compile``, which traces the wrapped forward like vLLM's own (a property there sent
-Dynamo into a recursion on the H200).
+hands them to vLLM's own forward as ``inputs_embeds`` (so nothing is computed twice) with
+id 0 hidden from the loop, and puts a copy in id 0's slot (``speccompat.aux_edges``, shared
+with ``llama_family_edge_ids``).
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from types import ModuleType
-from typing import Any
 
+from ..aux_edges import AUX_LAYERS, setter_serving, with_first_id
 from ..patching import Patcher
 from ..record import Adapter, ExtractionPath, Side
 from ..targets import module_source, source_def
@@ -33,50 +25,6 @@ DEEPSEEK = "vllm.model_executor.models.deepseek_v2"
 MODEL = "DeepseekV2Model"
 CAUSAL_LM = "DeepseekV2ForCausalLM"
 SETTER = "set_aux_hidden_state_layers"
-AUX_LAYERS = "aux_hidden_state_layers"
-# Set on the decoder stack where id 0 was asked for.
-SERVES_ID_0 = "speccompat_serves_id_0"
-
-
-def _with_first_id_set(set_layers: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(set_layers)
-    def set_aux_hidden_state_layers(self: Any, layers: tuple[int, ...]) -> Any:
-        result = set_layers(self, layers)
-        stack = self.model
-        requested = tuple(int(i) for i in layers)
-        stack.aux_hidden_state_layers = tuple(i for i in requested if i != 0)
-        setattr(stack, SERVES_ID_0, 0 in requested)
-        return result
-
-    return set_aux_hidden_state_layers
-
-
-def _with_first_id(get_pp_group: Callable[[], Any]) -> Callable[[Callable[..., Any]],
-                                                                 Callable[..., Any]]:
-    def wrap(forward: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(forward)
-        def forward_with_id_0(self: Any, input_ids: Any, positions: Any,
-                              intermediate_tensors: Any = None, inputs_embeds: Any = None,
-                              *args: Any, **kwargs: Any) -> Any:
-            if not getattr(self, SERVES_ID_0, False) or not get_pp_group().is_first_rank:
-                return forward(self, input_ids, positions, intermediate_tensors,
-                               inputs_embeds, *args, **kwargs)
-            if inputs_embeds is None:
-                inputs_embeds = self.embed_input_ids(input_ids)
-            # A copy: the first layer's in-place norms must not reach the captured state.
-            first_state = inputs_embeds.clone()
-            output = forward(self, input_ids, positions, intermediate_tensors, inputs_embeds,
-                             *args, **kwargs)
-            if isinstance(output, tuple):
-                hidden_states, captured = output
-                return hidden_states, [first_state, *captured]
-            if not get_pp_group().is_last_rank:
-                return output  # intermediate tensors: the capture is the last rank's to return
-            return output, [first_state]
-
-        return forward_with_id_0
-
-    return wrap
 
 
 def _probe() -> str | None:
@@ -106,8 +54,9 @@ def _probe() -> str | None:
 
 def _patch(patcher: Patcher) -> None:
     def on_deepseek(module: ModuleType) -> None:
-        patcher.wrap(getattr(module, CAUSAL_LM), SETTER, _with_first_id_set)
-        patcher.wrap(getattr(module, MODEL), "forward", _with_first_id(module.get_pp_group))
+        patcher.wrap(getattr(module, CAUSAL_LM), SETTER,
+                     setter_serving(first_id=True, final_id=False))
+        patcher.wrap(getattr(module, MODEL), "forward", with_first_id(module.get_pp_group))
 
     patcher.on_import(DEEPSEEK, on_deepseek)
 

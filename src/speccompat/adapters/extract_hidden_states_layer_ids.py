@@ -11,8 +11,9 @@ Ids out of order are worse still: vLLM stacks the states in layer order, so the 
 slots silently stop matching the ids.
 
 The worker checks the ids against what the installed vLLM serves for the model
-(``speccompat.layers.servable_aux_ids``, counting DeepSeek's first and final ids as served
-where speccompat's DeepSeek adapters are applied in the same process) where the model
+(``speccompat.layers.servable_aux_ids``, counting the first and final ids as served where
+speccompat's adapters for them, DeepSeek's or 0.17's ``llama_family_edge_ids``, are applied
+in the same process) where the model
 runner reads them, so such a server refuses to start with a
 :class:`~speccompat.layers.LayerIdError` naming the id and the valid range.
 """
@@ -29,7 +30,7 @@ from ..patching import Patcher
 from ..record import Adapter, ExtractionPath, Side
 from ..targets import require_in_source
 from ..versions import spec
-from . import deepseek_final_layer_capture, deepseek_first_layer_residual
+from . import deepseek_final_layer_capture, deepseek_first_layer_residual, llama_family_edge_ids
 
 ID = "vllm.extract_hidden_states_layer_ids"
 RUNNER = "vllm.v1.worker.gpu_model_runner"
@@ -49,10 +50,14 @@ def check_runner_ids(runner: Any, ids: Any) -> None:
     architecture = (config.architectures or [type(runner.get_model()).__name__])[0]
     from .. import registry  # at call time: the registry imports this module
 
-    repaired = set(registry.active())
+    active = set(registry.active())
+    if architecture in llama_family_edge_ids.ARCHITECTURES:
+        first = final = llama_family_edge_ids.ID in active
+    else:
+        first = deepseek_first_layer_residual.ID in active
+        final = deepseek_final_layer_capture.ID in active
     servable = servable_aux_ids(architecture, text.num_hidden_layers, vllm.__version__,
-                                first_id_repaired=deepseek_first_layer_residual.ID in repaired,
-                                final_id_repaired=deepseek_final_layer_capture.ID in repaired)
+                                first_id_repaired=first, final_id_repaired=final)
     servable.check(ids, f"{IDS} {list(ids)} for {architecture} on vLLM {vllm.__version__}")
 
 
