@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from packaging.version import Version
+
 METHOD = "extract_hidden_states"
 CONNECTOR = "ExampleHiddenStatesConnector"
 # Engine start on the 2-core test machines: 25-90 s alone, several minutes beside a
@@ -159,9 +161,15 @@ def stop(process: subprocess.Popen[bytes], grace: float = 30.0) -> None:
 def wait_until_written(path: Path, timeout: float = 120.0) -> None:
     """As the connector's clients do: a shared lock on ``<path>.lock``, which the writer
     (vLLM 0.22+) holds exclusively until the file is complete. Before 0.22 the connector
-    writes inside the forward, before the answer, and makes no lock: the file is there."""
+    writes inside the forward, before the answer, and makes no lock: whatever the write
+    did is done."""
     import fcntl
 
+    import speccompat
+
+    env = speccompat.detect()
+    if env.vllm is not None and env.vllm.version < Version("0.22.0"):
+        return
     lock = Path(f"{path}.lock")
     deadline = time.monotonic() + timeout
     while not lock.exists():
@@ -172,6 +180,23 @@ def wait_until_written(path: Path, timeout: float = 120.0) -> None:
         time.sleep(0.5)
     with lock.open() as held:
         fcntl.flock(held, fcntl.LOCK_SH)
+
+
+@contextlib.contextmanager
+def tmpfs(folder: Path, size: str) -> Iterator[Path]:
+    """A ``size`` tmpfs mounted on ``folder`` (a disk that can fill up); skips where mounting
+    is not allowed."""
+    import pytest
+
+    folder.mkdir(parents=True, exist_ok=True)
+    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+                           capture_output=True, text=True, check=False)
+    if mount.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.strip() or mount.returncode}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
 
 
 def speculators_cli() -> Path:

@@ -10,11 +10,9 @@ tests/contract/test_extract_hidden_states_layer_ids.py."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import socket
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -157,27 +155,13 @@ def test_a_client_that_disconnects_mid_request(srv: server.Server, llama_fp32: P
         assert complete or status != 0, (name, report, log[-3000:])
 
 
-@contextlib.contextmanager
-def _tmpfs(folder: Path, size: str) -> Iterator[Path]:
-    """A ``size`` tmpfs mounted on ``folder``; skips where mounting is not allowed."""
-    folder.mkdir(parents=True, exist_ok=True)
-    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
-                           capture_output=True, text=True, check=False)
-    if mount.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.strip() or mount.returncode}")
-    try:
-        yield folder
-    finally:
-        subprocess.run(["umount", "-l", str(folder)], check=False)
-
-
 def test_a_disk_that_fills_up_mid_write(llama_fp32: Path, tmp_path: Path) -> None:
     """Storage on a 2 MiB tmpfs, all but 256 KiB taken: a 1000-token request's file (1.28
     MB in float32) cannot be written. The server keeps serving once there is room again, and
     ``speccompat verify`` flags what the failed write left."""
     server.skip_unless_the_cpu_build_serves()
     layer_ids = list(range(server.num_layers(llama_fp32) + 1))
-    with _tmpfs(tmp_path / "hs", "2m") as storage:
+    with server.tmpfs(tmp_path / "hs", "2m") as storage:
         free = os.statvfs(storage)
         filler = storage / "filler.bin"
         filler.write_bytes(b"\1" * (free.f_bavail * free.f_frsize - 256 * 1024))
