@@ -173,8 +173,6 @@ def wait_until_written(path: Path, timeout: float = 120.0) -> None:
     lock = Path(f"{path}.lock")
     deadline = time.monotonic() + timeout
     while not lock.exists():
-        if path.exists():
-            return
         if time.monotonic() > deadline:
             raise TimeoutError(f"no {lock} after {timeout:.0f} s")
         time.sleep(0.5)

@@ -13,9 +13,8 @@ slots silently stop matching the ids.
 The worker checks the ids against what the installed vLLM serves for the model
 (``speccompat.layers.servable_aux_ids``, counting the first and final ids as served where
 speccompat's adapters for them, DeepSeek's or 0.17's ``llama_family_edge_ids``, are applied
-in the same process) where the model
-runner reads them, so such a server refuses to start with a
-:class:`~speccompat.layers.LayerIdError` naming the id and the valid range.
+in the same process) where the model runner reads them, so such a server refuses to start
+with a :class:`~speccompat.layers.LayerIdError` naming the id and the valid range.
 """
 
 from __future__ import annotations

@@ -29,11 +29,10 @@ from ..record import Adapter, ExtractionPath, Side
 from ..targets import source_def
 from ..versions import spec
 from ..wrappers import Proxy
+from .hidden_states_connector_zero_rows import CONNECTOR, FORWARD_WRITE
 
 ID = "vllm.hidden_states_connector_forward_write_failure"
-CONNECTOR = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
 NAME = "ExampleHiddenStatesConnector"
-FORWARD_WRITE = "safetensors.torch.save_file(tensors, request.filename)"
 # The words 0.22's writer logs for the same failure, so one search finds both.
 FAILED = "Hidden-states write failed"
 

@@ -33,12 +33,13 @@ from ..patching import Patcher
 from ..record import Adapter, ExtractionPath, Side
 from ..targets import source_def
 from ..versions import spec
+from .hidden_states_connector_zero_rows import CONNECTOR, FORWARD_WRITE
 
 ID = "vllm.hidden_states_connector_write_per_step"
-CONNECTOR = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
 NAME = "ExampleHiddenStatesConnector"
-# Upstream's per-step write: in the forward, from the metadata's slot mapping.
-WRITE_IN_FORWARD = "safetensors.torch.save_file(tensors, request.filename)"
+# Upstream's per-step write, in the forward from the metadata's slot mapping, is
+# hidden_states_connector_zero_rows.FORWARD_WRITE.
+WRITE_IN_FORWARD = FORWARD_WRITE
 # And the requests it asks for: new ones, and cached ones that got new blocks.
 CACHED_WITH_NEW_BLOCKS = "new_block_ids = cached_reqs.new_block_ids[i]"
 
