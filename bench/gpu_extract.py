@@ -35,24 +35,44 @@ LAYER_IDS = [2, 16, 29, 31]  # speculators' default for 32 layers
 MAX_MODEL_LEN = 2049
 
 
+def llama_8b_config() -> Any:
+    from transformers import LlamaConfig
+
+    return LlamaConfig(**LLAMA_31_8B, bos_token_id=1, eos_token_id=2, dtype="bfloat16",
+                       tie_word_embeddings=False)
+
+
+def save_tokenizer(path: Path) -> None:
+    """A word-level tokenizer of Llama-3.1-8B's vocabulary size (prompts are token ids)."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"t{i}": i for i in range(int(LLAMA_31_8B["vocab_size"]))}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))
+    PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="t0", bos_token="t1",
+                            eos_token="t2").save_pretrained(str(path))
+
+
+def build_config_only(path: Path) -> Path:
+    """Llama-3.1-8B's config and a tokenizer, no weights: for ``--load-format dummy``."""
+    if not (path / "config.json").exists():
+        llama_8b_config().save_pretrained(str(path))
+        save_tokenizer(path)
+    return path
+
+
 def build_model(path: Path) -> Path:
     """Random bf16 weights with Llama-3.1-8B's shapes and a word-level tokenizer of its vocab."""
     if (path / "config.json").exists() and list(path.glob("*.safetensors")):
         return path
     import torch
-    from tokenizers import Tokenizer, models
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaForCausalLM
 
-    config = LlamaConfig(**LLAMA_31_8B, bos_token_id=1, eos_token_id=2, dtype="bfloat16",
-                         tie_word_embeddings=False)
     torch.manual_seed(0)
     with torch.device("cuda"):
-        model = LlamaForCausalLM(config).to(torch.bfloat16)
+        model = LlamaForCausalLM(llama_8b_config()).to(torch.bfloat16)
     model.save_pretrained(str(path), safe_serialization=True, max_shard_size="20GB")
-    vocab = {f"t{i}": i for i in range(config.vocab_size)}
-    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="t0"))
-    PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="t0", bos_token="t1",
-                            eos_token="t2").save_pretrained(str(path))
+    save_tokenizer(path)
     del model
     torch.cuda.empty_cache()  # the measurements run in other processes and need the memory
     return path

