@@ -7,7 +7,8 @@ and drive it from ``scripts/data_generation_offline.py``, which is repo-only (th
 script's per-sample loop with nothing of ours in it: one ``generate_hidden_states`` call of
 the installed release per prompt, in that release's signature; then, as the script does,
 the file moved to ``OUT/hidden_states/hs_<i>.safetensors``, after the ``<path>.lock`` wait
-where the release has one (0.7.0's ``wait_for_lock``; 0.5.0 and 0.6.0 move the file at once).
+where the release has one (``vllm_client.wait_for_lock``, from 0.6.0; 0.5.0 moves the file
+at once).
 """
 
 from __future__ import annotations
