@@ -159,6 +159,15 @@ def stop(process: subprocess.Popen[bytes], grace: float = 30.0) -> None:
         process.wait(timeout=grace)
 
 
+def connector_makes_locks() -> bool:
+    """Whether the installed vLLM's connector writes ``<path>.lock`` beside each file (0.22+,
+    its writer thread); before 0.22 it writes inside the forward and makes no lock."""
+    import speccompat
+
+    env = speccompat.detect()
+    return env.vllm is None or env.vllm.version >= Version("0.22.0")
+
+
 def wait_until_written(path: Path, timeout: float = 120.0) -> None:
     """As the connector's clients do: a shared lock on ``<path>.lock``, which the writer
     (vLLM 0.22+) holds exclusively until the file is complete. Before 0.22 the connector
@@ -166,10 +175,7 @@ def wait_until_written(path: Path, timeout: float = 120.0) -> None:
     did is done."""
     import fcntl
 
-    import speccompat
-
-    env = speccompat.detect()
-    if env.vllm is not None and env.vllm.version < Version("0.22.0"):
+    if not connector_makes_locks():
         return
     lock = Path(f"{path}.lock")
     deadline = time.monotonic() + timeout
