@@ -32,6 +32,7 @@ class CpuBuildBug:
     vllm: str = ""  # the releases it was measured on, as a specifier; "" for any
     ipex_only: bool = False  # only builds that ship intel_extension_for_pytorch
     amx_only: bool = False  # only on processors with AMX tiles
+    transformers: str = ""  # the transformers releases it was measured with; "" for any
 
     def present(self) -> bool:
         env = speccompat.detect()
@@ -40,6 +41,9 @@ class CpuBuildBug:
         if self.vllm and env.vllm.version not in spec(self.vllm):
             return False
         if self.amx_only and not _has_amx():
+            return False
+        if self.transformers and (env.transformers is None
+                                  or env.transformers.version not in spec(self.transformers)):
             return False
         return not self.ipex_only or importlib.util.find_spec(
             "intel_extension_for_pytorch") is not None
@@ -116,3 +120,13 @@ MOE_FP32_NEEDS_CURRENT_CONFIG = CpuBuildBug(
 HYBRID_PRECOPY_TRITON_KERNEL = CpuBuildBug(
     "a hybrid model's first request launches a Triton kernel the CPU build does not have",
     vllm=">=0.29.0")
+# Measured on 0.26.0 under transformers 5.24.0 (what speculators 0.3.0 and 0.4.0 resolve
+# there), with vLLM's own plain server (no speculative config, speccompat not loaded): the
+# tiny Qwen3-Next's first request dies in the CPU gated-delta-rule kernel
+# (chunk_gated_delta_rule_cpu: "Input tensor dtype mismatch"). The test passed on the same
+# build on 2026-12-01 under an older transformers (a speculators >= 0.5 environment, 5.6.2 to
+# 5.19.0; which one was not recorded). 0.25 and 0.27-0.28 under 5.24 were not run.
+HYBRID_GDN_DTYPE_MISMATCH = CpuBuildBug(
+    "under transformers 5.24 a Qwen3-Next forward dies in the CPU gated-delta-rule kernel "
+    "('Input tensor dtype mismatch', vLLM's own plain server too)",
+    vllm="==0.26.0", transformers=">=5.24.0")

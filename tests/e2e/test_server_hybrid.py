@@ -40,8 +40,9 @@ def qwen3_next(models_dir: Path) -> Path:
     if "SupportsEagle3" not in _module_text():
         pytest.skip("this vLLM's Qwen3-Next has no EAGLE-3 aux capture (hybrid extraction "
                     "came with vLLM PR #39949, 0.24.0): vLLM refuses at start-up itself")
-    cpu_build.HYBRID_PRECOPY_TRITON_KERNEL.skip_if_present(
-        "the hybrid path is checked on the GPU host (tests/gpu/test_hybrid_zero_rows.py)")
+    for bug in (cpu_build.HYBRID_PRECOPY_TRITON_KERNEL, cpu_build.HYBRID_GDN_DTYPE_MISMATCH):
+        bug.skip_if_present(
+            "the hybrid path is checked on the GPU host (tests/gpu/test_hybrid_zero_rows.py)")
     return tiny_models.build_qwen3_next(models_dir / "qwen3-next-m1", dtype="bfloat16")
 
 
