@@ -103,6 +103,12 @@ AMX_ATTENTION_HEAD_DIM_32 = CpuBuildBug(
 SERVER_NO_SPEC_DECODE = CpuBuildBug(
     "the CPU model runner refuses speculative decoding ('spec decode is not supported')",
     vllm="<0.20.0")
+# Measured on 0.20.0 with speccompat disabled and an ngram speculative config (2026-12-02):
+# the engine dies at start-up in the CPU rejection sampler ("_rejection_greedy_sample_kernel_
+# impl() got an unexpected keyword argument 'SYNTHETIC_MODE'"); 0.21.0 starts.
+SERVER_REJECTION_SAMPLER_SYNTHETIC_MODE = CpuBuildBug(
+    "no speculative-decoding engine starts (the CPU rejection sampler takes no "
+    "SYNTHETIC_MODE)", vllm=">=0.20.0,<0.21.0")
 SERVER_SPEC_DECODE_GUMBEL = CpuBuildBug(
     "no speculative-decoding engine starts (the CPU triton stub lacks USE_FP64_GUMBEL)",
     vllm=">=0.23.0,<0.25.0")

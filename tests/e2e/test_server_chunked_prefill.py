@@ -40,10 +40,13 @@ CHUNKED = ("--dtype", "float32", "--enable-chunked-prefill",
 
 @pytest.fixture(scope="module")
 def llama_fp32(models_dir: Path) -> Path:
+    import cpu_build
     import tiny_models
 
     if why := contract_only_reason():
         pytest.skip(why)
+    cpu_build.SERVER_REJECTION_SAMPLER_SYNTHETIC_MODE.skip_if_present(
+        "the adapters' source facts are checked by the contract tests")
     return tiny_models.build_llama(models_dir / "llama-fp32", dtype="float32")
 
 
