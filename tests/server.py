@@ -373,9 +373,12 @@ def llama_fp32(models_dir: Path) -> Path:
     session in the folder test_server_path.py uses; skips where no model may run."""
     import pytest
 
+    import cpu_build
     import tiny_models
     from support import contract_only_reason
 
     if why := contract_only_reason():
         pytest.skip(why)
+    cpu_build.SERVER_REJECTION_SAMPLER_SYNTHETIC_MODE.skip_if_present(
+        "the adapters' source facts are checked by the contract tests")
     return tiny_models.build_llama(models_dir / "llama-fp32", dtype="float32")

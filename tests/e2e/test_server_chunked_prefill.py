@@ -20,7 +20,6 @@ import server
 from speccompat.adapters.hidden_states_connector_chunked_prefill import ID, REFUSAL
 from support import (
     adapter_applies,
-    contract_only_reason,
     requires_speculators,
     requires_vllm,
     speculators_in,
@@ -40,14 +39,7 @@ CHUNKED = ("--dtype", "float32", "--enable-chunked-prefill",
 
 @pytest.fixture(scope="module")
 def llama_fp32(models_dir: Path) -> Path:
-    import cpu_build
-    import tiny_models
-
-    if why := contract_only_reason():
-        pytest.skip(why)
-    cpu_build.SERVER_REJECTION_SAMPLER_SYNTHETIC_MODE.skip_if_present(
-        "the adapters' source facts are checked by the contract tests")
-    return tiny_models.build_llama(models_dir / "llama-fp32", dtype="float32")
+    return server.llama_fp32(models_dir)
 
 
 def test_a_prompt_longer_than_the_token_budget_matches_hf_fp32(llama_fp32: Path,

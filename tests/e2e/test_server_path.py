@@ -17,7 +17,6 @@ from packaging.version import Version
 
 import server
 from support import (
-    contract_only_reason,
     requires_speculators,
     requires_vllm,
     speculators_in,
@@ -34,14 +33,7 @@ PROMPT_LENGTHS = (7, 33, 120)
 
 @pytest.fixture(scope="module")
 def llama_fp32(models_dir: Path) -> Path:
-    import cpu_build
-    import tiny_models
-
-    if why := contract_only_reason():
-        pytest.skip(why)
-    cpu_build.SERVER_REJECTION_SAMPLER_SYNTHETIC_MODE.skip_if_present(
-        "the adapters' source facts are checked by the contract tests")
-    return tiny_models.build_llama(models_dir / "llama-fp32", dtype="float32")
+    return server.llama_fp32(models_dir)
 
 
 def test_llama_every_id_matches_hf_fp32(llama_fp32: Path, tmp_path: Path) -> None:
