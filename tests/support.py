@@ -67,7 +67,8 @@ def needs_adapter(adapter_id: str, because: str = "") -> pytest.MarkDecorator:
 
     wanted, why = adapter_applies(adapter_id)
     adapter = next(a for a in speccompat.catalogue() if a.id == adapter_id)
-    speculators = f", speculators {adapter.speculators}" if adapter.speculators else ""
+    narrowed = adapter.speculators is not None and adapter.cause != "speculators"
+    speculators = f", speculators {adapter.speculators}" if narrowed else ""
     reason = (f"adapter {adapter_id} is for {adapter.cause} {adapter.cause_specifier}"
               f"{speculators} ({why})"
               + (f": {because}" if because else ""))

@@ -55,7 +55,8 @@ class Adapter:
     Selection follows the cause: ``vllm`` is set for behaviours that came with a vLLM
     release, ``transformers`` for those that came with a transformers release (and then
     ``vllm`` stays ``None``: which vLLM a resolver pairs with that transformers is not the
-    cause). ``speculators`` narrows either to the consumer it adapts.
+    cause). ``speculators`` narrows either to the consumer it adapts; with neither set it is
+    the cause itself (speculators' own code, on every vLLM it runs on).
     """
 
     id: str
@@ -75,20 +76,24 @@ class Adapter:
     path: ExtractionPath = ExtractionPath.IN_PROCESS
 
     def __post_init__(self) -> None:
-        if (self.vllm is None) == (self.transformers is None):
+        causes = [s for s in (self.vllm, self.transformers) if s is not None]
+        if len(causes) > 1 or (not causes and self.speculators is None):
             raise ValueError(f"adapter {self.id}: select by exactly one causing package "
-                             "(vllm= or transformers=)")
+                             "(vllm=, transformers=, or speculators= alone)")
 
     @property
     def cause(self) -> str:
         """The package whose release brought the behaviour: the one that selects it."""
-        return "vLLM" if self.vllm is not None else "transformers"
+        if self.vllm is not None:
+            return "vLLM"
+        return "transformers" if self.transformers is not None else "speculators"
 
     @property
     def cause_specifier(self) -> SpecifierSet:
-        selector = self.vllm if self.vllm is not None else self.transformers
-        assert selector is not None  # __post_init__ guarantees one
-        return selector
+        for selector in (self.vllm, self.transformers, self.speculators):
+            if selector is not None:  # __post_init__ guarantees one
+                return selector
+        raise AssertionError(f"adapter {self.id} has no causing package")
 
     def wants(self, env: Environment) -> tuple[bool, str]:
         """Whether the installed versions are ones this adapter is for, and why (not): the
@@ -111,6 +116,9 @@ class Adapter:
         if self.transformers is not None:
             assert env.transformers is not None
             return True, f"transformers {env.transformers.version} is in {self.transformers}"
+        if self.vllm is None:
+            assert env.speculators is not None and self.speculators is not None
+            return True, f"speculators {env.speculators.version} is in {self.speculators}"
         return True, f"vLLM {env.vllm.version} is in {self.vllm}"
 
     def as_dict(self) -> dict[str, str | None]:

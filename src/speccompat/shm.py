@@ -20,7 +20,11 @@ written by one process only, so no lock is needed:
 - ``LOCAL``: the same for the worker's own list (an in-process consumer).
 
 A slot whose marks are not all clear is left alone and a new one is made: a consumer
-that keeps the tensors gets fresh memory, never overwritten memory.
+that keeps the tensors gets fresh memory, never overwritten memory. So the reader's
+tensors (a ``HandedOver`` list) need no copy, and ``own_storage`` gives a part of one a
+storage of its own (speculators 0.3.0's per-sample slices). Only ``MAX_PINNED_SLOTS``
+slots are page-locked: one whose reader keeps every batch gets a new, pageable slot per
+batch rather than ever more locked memory.
 
 Workers and driver must share a host (vLLM's MultiprocExecutor). Set
 ``SPECCOMPAT_SHM_TRANSFER=0`` to send plain CPU tensors instead.
@@ -45,6 +49,8 @@ HEADER = ALIGN  # the mark bytes, before the first tensor
 HANDED, READER, LOCAL = 0, 1, 2
 GROWTH = 1.25  # a slot grows with headroom: batch sizes vary from call to call
 KEEP_FREE_SLOTS = 2
+# A reader that drops batch N's tensors while batch N+1 is made needs two slots.
+MAX_PINNED_SLOTS = 2
 
 Layout = list[tuple[str, tuple[int, ...], int]]
 
@@ -72,6 +78,25 @@ class SharedTensors(list):  # type: ignore[type-arg]
                 os.unlink(self.path)
 
 
+class HandedOver(list):  # type: ignore[type-arg]
+    """The reader's tensors of one hand-over: memory that no process writes again while any
+    tensor maps it, so they need no defensive copy."""
+
+
+def own_storage(tensor: Any) -> Any:
+    """``tensor``'s bytes as a tensor with a storage of exactly those bytes, without a copy;
+    it keeps the memory it maps alive. A plain slice would keep its whole storage, and
+    ``torch.save`` would write all of it (one batch per sample); a tensor that is not
+    contiguous, or empty, is copied."""
+    import torch
+
+    if tensor.numel() == 0 or not tensor.is_contiguous() or tensor.is_cuda:
+        return tensor.clone().cpu()
+    # numpy's array keeps the tensor (and so the mapping) alive; frombuffer keeps the array.
+    raw = tensor.view(torch.uint8).reshape(-1).numpy()
+    return torch.frombuffer(raw, dtype=torch.uint8).view(tensor.dtype).view(tensor.shape)
+
+
 class _Mapping(mmap.mmap):
     """A mapping of a slot file that holds one mark byte set while it lives; tensors
     made with ``torch.frombuffer`` keep it alive, so it dies with the last of them."""
@@ -92,9 +117,10 @@ class _Mapping(mmap.mmap):
 class _Slot:
     """One worker-owned file under /dev/shm, mapped for writing for the slot's life."""
 
-    def __init__(self, path: str, size: int) -> None:
+    def __init__(self, path: str, size: int, may_pin: bool = True) -> None:
         self.path = path
         self.size = size
+        self.may_pin = may_pin
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.ftruncate(fd, size)
@@ -109,7 +135,7 @@ class _Slot:
     def write(self, tensors: Sequence[Any], layout: Layout) -> None:
         import torch
 
-        if self.pinned_at is None and any(t.is_cuda for t in tensors):
+        if self.may_pin and self.pinned_at is None and any(t.is_cuda for t in tensors):
             self._pin()
         storage = torch.frombuffer(self.mapping, dtype=torch.uint8)
         for view, tensor in zip(_views(storage, layout), tensors, strict=True):
@@ -163,7 +189,8 @@ class _Pool:
         path = _new_file(size)
         if path is None:
             return None
-        slot = _Slot(path, size)
+        pinned = sum(s.may_pin for s in self.slots)
+        slot = _Slot(path, size, may_pin=pinned < MAX_PINNED_SLOTS)
         self.slots.append(slot)
         return slot
 
@@ -283,7 +310,7 @@ def _attach(path: str, layout: Layout, persistent: bool) -> list[Any]:
     if not persistent:
         views = _views(torch.from_file(path, shared=True, size=size, dtype=torch.uint8), layout)
         os.unlink(path)  # the mapping keeps the memory alive; nothing is left in /dev/shm
-        return views
+        return HandedOver(views)
     storage = _map(path, size, READER)
     storage[HANDED] = 0  # READER is set: the slot stays busy until these views are gone
-    return _views(storage, layout)
+    return HandedOver(_views(storage, layout))

@@ -108,6 +108,25 @@ def test_a_reader_process_holds_its_slot(tmp_path: Path) -> None:
         reader.wait(timeout=60)
 
 
+def test_a_reader_gets_a_handed_over_list_it_may_keep() -> None:
+    got = pickle.loads(pickle.dumps(shm.to_host(batch(1.0))))
+    assert isinstance(got, shm.HandedOver)
+    rows = shm.own_storage(got[0][10:20])  # what speculators 0.3.0's samples get
+    assert rows.untyped_storage().nbytes() == 10 * 64 * 2
+    del got
+    gc.collect()
+    shm.to_host(batch(2.0))  # the slot is still mapped by ``rows``: a new one is written
+    assert float(rows.float().sum()) == 10 * 64 * 1.0
+
+
+def test_only_two_slots_are_page_locked() -> None:
+    kept = [shm.to_host(batch(float(n))) for n in range(4)]  # a consumer keeping every batch
+    pool = shm._POOL
+    assert pool is not None and len(pool.slots) == 4
+    assert [s.may_pin for s in pool.slots] == [True, True, False, False]
+    assert [total(k) for k in kept] == [total(batch(float(n))) for n in range(4)]
+
+
 def test_grows_and_keeps_few_free_slots() -> None:
     small = shm.to_host(batch(1.0, rows=10))
     small_path = small.path

@@ -161,7 +161,7 @@ def test_adapters_json(capsys: pytest.CaptureFixture[str]) -> None:
         assert record["why"] == adapter.why and record["how"] == adapter.how
         assert record["upstream_ref"] == adapter.upstream_ref
         assert record["cause"] == adapter.cause
-        selector = "vllm" if adapter.cause == "vLLM" else "transformers"
+        selector = adapter.cause.lower()
         assert record[selector] == str(adapter.cause_specifier)
         for name in ("vllm", "transformers", "speculators"):
             assert record[name] is None or isinstance(record[name], str)

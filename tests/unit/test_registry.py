@@ -645,7 +645,9 @@ def test_transformers_specifier_selects_too(
         "vLLM is not installed")
 
 
-def test_an_adapter_has_exactly_one_cause(adapter_factory: MakeAdapter) -> None:
+def test_an_adapter_has_exactly_one_cause(
+    adapter_factory: MakeAdapter, env_factory: MakeEnv,
+) -> None:
     import dataclasses
 
     from packaging.specifiers import SpecifierSet
@@ -655,4 +657,11 @@ def test_an_adapter_has_exactly_one_cause(adapter_factory: MakeAdapter) -> None:
     with pytest.raises(ValueError, match="exactly one causing package"):
         dataclasses.replace(adapter, transformers=SpecifierSet(">=5"))
     with pytest.raises(ValueError, match="exactly one causing package"):
-        dataclasses.replace(adapter, vllm=None)
+        dataclasses.replace(adapter, vllm=None, speculators=None)
+    # speculators' own code: selected by the speculators release alone, on any vLLM.
+    own = dataclasses.replace(adapter, vllm=None, speculators=SpecifierSet("==0.3.*"))
+    assert own.cause == "speculators" and own.cause_specifier == own.speculators
+    for vllm in ("0.11.0", "0.33.0"):
+        assert own.wants(env_factory(vllm, "0.3.0")) == (True, "speculators 0.3.0 is in ==0.3.*")
+    assert own.wants(env_factory("0.22.0", "0.4.0")) == (
+        False, "speculators 0.4.0 is outside ==0.3.*")

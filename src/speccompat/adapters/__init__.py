@@ -1,9 +1,9 @@
 """The adapter catalogue: one module per upstream behaviour, named after it.
 
 A record's id is ``<cause>.<module>``: the lower-case package whose release brought the
-behaviour (``vllm`` or ``transformers``) and the module's file name; a speculators 0.4.0
-mirror kept in the same module adds ``.speculators_0_4``. Each module has its contract
-test in ``tests/contract/test_<module>.py``.
+behaviour (``vllm`` or ``transformers``; ``speculators`` for its own code, on any vLLM) and
+the module's file name; a speculators 0.4.0 mirror kept in the same module adds
+``.speculators_0_4``. Each module has its contract test in ``tests/contract/test_<module>.py``.
 
 Order matters only where two adapters wrap the same consumer name; each wraps
 what is there, and ``revert()`` unwinds them in reverse.
@@ -24,6 +24,7 @@ from . import (
     deepseek_first_layer_residual,
     execute_model_sample_tokens,
     extract_hidden_states_layer_ids,
+    generator_sample_copy,
     get_hash_fn_by_name_moved,
     hidden_states_connector_abort_before_schedule,
     hidden_states_connector_chunked_prefill,
@@ -67,6 +68,7 @@ ADAPTERS: tuple[Adapter, ...] = (
     chunked_prefill_abort.ADAPTER,
     model_forward_drift.ADAPTER,
     model_forward_drift.ADAPTER_V04,
+    generator_sample_copy.ADAPTER,
     # speculators 0.4.0 (written for vLLM 0.12-0.16) on vLLM 0.11.x.
     get_hash_fn_by_name_moved.ADAPTER,
     collective_rpc_unique_reply_rank.ADAPTER_V04,
