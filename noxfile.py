@@ -360,8 +360,9 @@ def cell(session: nox.Session, vllm: str, speculators: str, transformers: str) -
                 f"contract-only cell: {why}; model execution not run")
         else:
             junit = JUNIT / f"{stem}-e2e.xml"
-            stages["e2e"] = compatibility.require_generator_tests(
-                run_stage(session, "tests/e2e", the_cell, junit), junit, the_cell.path)
+            e2e = run_stage(session, "tests/e2e", the_cell, junit)
+            e2e = compatibility.require_generator_tests(e2e, junit, the_cell.path)
+            stages["e2e"] = compatibility.require_server_tests(e2e, junit, the_cell.path)
     try:
         installed = installed_versions(session, python)
     except CommandFailed:

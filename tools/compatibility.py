@@ -96,15 +96,19 @@ def junit_counts(path: Path) -> dict[str, int] | None:
     return counts
 
 
-def skip_reasons(path: Path, limit: int | None = 3) -> list[str]:
+def skip_reasons(path: Path, limit: int | None = 3, *, server_only: bool = False) -> list[str]:
     """The most frequent skip messages in a junit file (pytest's "file:line: reason" with
-    the location dropped), most frequent first."""
+    the location dropped), most frequent first; ``server_only``: of the server path's own
+    tests (``_is_server_test``)."""
     try:
         root = ET.parse(path).getroot()
     except (OSError, ET.ParseError):
         return []
     counts: dict[str, int] = {}
-    for skipped in root.iter("skipped"):
+    for case in root.iter("testcase"):
+        skipped = case.find("skipped")
+        if skipped is None or (server_only and not _is_server_test(case)):
+            continue
         message = str(skipped.get("message") or "").strip()
         message = re.sub(r"^\S+\.py:\d+: ", "", message)
         if message:
@@ -150,6 +154,31 @@ def require_generator_tests(stage: Mapping[str, Any], junit: Path, path: str) ->
         return dict(stage)
     return {**stage, "outcome": FAILED,
             "reason": f"an in-process cell whose generator tests did not run: {missing[0]}"}
+
+
+def _is_server_test(case: ET.Element) -> bool:
+    """A testcase of tests/e2e/test_server_*.py (pytest's classname is the module's dotted
+    path, then any class)."""
+    return any(part.startswith("test_server_")
+               for part in str(case.get("classname") or "").split("."))
+
+
+def require_server_tests(stage: Mapping[str, Any], junit: Path, path: str) -> dict[str, Any]:
+    """A server-path cell's passed e2e ``stage``, made "skipped" (the record then says
+    contract only, with the server tests' skip reason) where no test of
+    tests/e2e/test_server_*.py passed: the other e2e tests (verify, shared memory) passing
+    is not the server path running. Unchanged otherwise."""
+    if path != "server" or stage.get("outcome") != PASSED:
+        return dict(stage)
+    try:
+        cases = list(ET.parse(junit).getroot().iter("testcase"))
+    except (OSError, ET.ParseError):
+        return dict(stage)
+    outcomes = ("skipped", "failure", "error")
+    if any(_is_server_test(c) and all(c.find(o) is None for o in outcomes) for c in cases):
+        return dict(stage)
+    reasons = skip_reasons(junit, server_only=True) or ["no server-path e2e test ran"]
+    return {**stage, "outcome": SKIPPED, "skip_reasons": reasons}
 
 
 def not_run(reason: str) -> dict[str, Any]:

@@ -343,3 +343,36 @@ def test_an_in_process_cell_fails_where_the_generator_tests_skipped(tmp_path: Pa
     assert compat.require_generator_tests(passed, e2e_junit, "server") == passed
     other = junit_with_skips(tmp_path / "other.xml", ["needs two cores"])
     assert compat.require_generator_tests(passed, other, "in-process") == passed
+
+
+def junit_cases(path: Path, cases: list[tuple[str, str]]) -> Path:
+    """A junit file of (module, skip reason or "" for passed) test cases."""
+    body = "".join(
+        f'<testcase classname="tests.e2e.{module}" name="t{i}" time="0.1">'
+        + (f'<skipped type="pytest.skip" message="tests/e2e/{module}.py:{i}: '
+           f'{html.escape(reason)}">x</skipped>' if reason else "")
+        + "</testcase>" for i, (module, reason) in enumerate(cases))
+    skipped = sum(1 for _, reason in cases if reason)
+    path.write_text(
+        '<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" '
+        f'errors="0" failures="0" skipped="{skipped}" tests="{len(cases)}" time="1.0">'
+        f'{body}</testsuite></testsuites>')
+    return path
+
+
+def test_a_server_cell_whose_server_tests_all_skipped_is_contract_only(tmp_path: Path) -> None:
+    why = "vLLM CPU build: the rejection sampler takes no SYNTHETIC_MODE"
+    e2e_junit = junit_cases(tmp_path / "e2e.xml", [
+        ("test_verify_outputs", ""), ("test_server_path", why), ("test_server_path", why),
+        ("test_server_tensor_parallel", "needs two cores")])
+    passed = compat.stage_from_junit(e2e_junit)
+    assert passed["outcome"] == compat.PASSED  # a non-server test passed
+    stage = compat.require_server_tests(passed, e2e_junit, "server")
+    assert stage["outcome"] == compat.SKIPPED and stage["skip_reasons"][0] == why
+    ok = compat.stage_from_junit(junit(tmp_path / "ok.xml", tests=3))
+    rec = record(SERVER_CELL, ok, stage)
+    assert rec["outcome"] == compat.CONTRACT_ONLY and rec["reason"] == why
+    # Unchanged where a server test passed, and on the in-process path.
+    ran = junit_cases(tmp_path / "ran.xml", [("test_server_path", ""), ("test_server_path", why)])
+    assert compat.require_server_tests(passed, ran, "server") == passed
+    assert compat.require_server_tests(passed, e2e_junit, "in-process") == passed
