@@ -126,13 +126,14 @@ MOE_FP32_NEEDS_CURRENT_CONFIG = CpuBuildBug(
 HYBRID_PRECOPY_TRITON_KERNEL = CpuBuildBug(
     "a hybrid model's first request launches a Triton kernel the CPU build does not have",
     vllm=">=0.29.0")
-# Measured on 0.26.0 under transformers 5.24.0 (what speculators 0.3.0 and 0.4.0 resolve
-# there), with vLLM's own plain server (no speculative config, speccompat not loaded): the
+# Measured with vLLM's own plain server (no speculative config, SPECCOMPAT_DISABLE=1): the
 # tiny Qwen3-Next's first request dies in the CPU gated-delta-rule kernel
-# (chunk_gated_delta_rule_cpu: "Input tensor dtype mismatch"). The test passed on the same
-# build on 2026-12-01 under an older transformers (a speculators >= 0.5 environment, 5.6.2 to
-# 5.19.0; which one was not recorded). 0.25 and 0.27-0.28 under 5.24 were not run.
+# (chunk_gated_delta_rule_cpu: "Input tensor dtype mismatch") on 0.26.0 under transformers
+# 5.24.0 and on 0.25.0 under 5.19.0. The speccompat server failed the same way on 0.25.0 and
+# 0.26.0 under 5.19.0 (matrix cells of 2026-12-02). The test passed on 0.26.0 on 2026-12-01
+# under an older transformers (5.6.2, what speculators 0.5.0 resolved there). Not run: 0.25.1,
+# 0.27-0.28, and transformers between 5.6.2 and 5.19.0.
 HYBRID_GDN_DTYPE_MISMATCH = CpuBuildBug(
-    "under transformers 5.24 a Qwen3-Next forward dies in the CPU gated-delta-rule kernel "
-    "('Input tensor dtype mismatch', vLLM's own plain server too)",
-    vllm="==0.26.0", transformers=">=5.24.0")
+    "under transformers 5.19 and 5.24 a Qwen3-Next forward dies in the CPU gated-delta-rule "
+    "kernel ('Input tensor dtype mismatch', vLLM's own plain server too)",
+    vllm=">=0.25.0,<=0.26.0,!=0.25.1", transformers=">=5.19.0")
