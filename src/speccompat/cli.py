@@ -87,8 +87,11 @@ def show_adapters(markdown: bool, as_json: bool) -> int:
         print(adapters_markdown(adapters), end="")
     else:
         for a in adapters:
-            spec = ("any speculators" if a.speculators is None
-                    else f"speculators {a.speculators}")
+            if a.cause == "speculators":  # its own code: the selector says it all
+                spec = "any vLLM"
+            else:
+                spec = ("any speculators" if a.speculators is None
+                        else f"speculators {a.speculators}")
             print(f"{a.id}\n    {a.summary}\n    selected by {a.cause} {a.cause_specifier}; "
                   f"{spec}; {a.side.value} side")
             print(f"    why: {a.why}\n    how: {a.how}")
