@@ -368,17 +368,23 @@ def compare_with_hf(out: Path, model: Path, prompts: list[list[int]],
     return rows
 
 
-def llama_fp32(models_dir: Path) -> Path:
+def llama_fp32(models_dir: Path, *, serving: bool = True) -> Path:
     """The tiny Llama in float32 (``--dtype float32`` runs: the tight oracle), built once per
-    session in the folder test_server_path.py uses; skips where no model may run."""
+    session in the folder test_server_path.py uses; skips where no model may run and, with
+    ``serving``, where this CPU build starts no speculative-decoding engine at all
+    (``skip_unless_the_cpu_build_serves``). ``serving=False`` is for tests that only watch a
+    server refuse to start, which happens before those engines die."""
     import pytest
 
     import cpu_build
     import tiny_models
     from support import contract_only_reason
 
-    if why := contract_only_reason():
+    if serving:
+        skip_unless_the_cpu_build_serves()
+    elif why := contract_only_reason():
         pytest.skip(why)
-    cpu_build.SERVER_REJECTION_SAMPLER_SYNTHETIC_MODE.skip_if_present(
-        "the adapters' source facts are checked by the contract tests")
+    else:
+        cpu_build.SERVER_REJECTION_SAMPLER_SYNTHETIC_MODE.skip_if_present(
+            "the adapters' source facts are checked by the contract tests")
     return tiny_models.build_llama(models_dir / "llama-fp32", dtype="float32")

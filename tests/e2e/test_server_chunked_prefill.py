@@ -42,6 +42,12 @@ def llama_fp32(models_dir: Path) -> Path:
     return server.llama_fp32(models_dir)
 
 
+@pytest.fixture(scope="module")
+def llama_fp32_refused(models_dir: Path) -> Path:
+    """For a server that must refuse to start: runs where no engine could serve (0.23)."""
+    return server.llama_fp32(models_dir, serving=False)
+
+
 def test_a_prompt_longer_than_the_token_budget_matches_hf_fp32(llama_fp32: Path,
                                                                tmp_path: Path) -> None:
     """Ids 0..N, a 200-token prompt with a 64-token budget, concurrency 3."""
@@ -62,12 +68,13 @@ def test_a_prompt_longer_than_the_token_budget_matches_hf_fp32(llama_fp32: Path,
 
 
 @vllm_in(">=0.22.0,<0.24.0", "vLLM 0.24.0+ accepts chunked prefill with the connector")
-def test_without_speccompat_vllm_refuses_chunked_prefill_at_start(llama_fp32: Path,
+def test_without_speccompat_vllm_refuses_chunked_prefill_at_start(llama_fp32_refused: Path,
                                                                    tmp_path: Path) -> None:
     """The raw behaviour (only this adapter skipped): the server exits before it is ready,
     with vLLM's refusal (a ValueError inside pydantic's ValidationError for VllmConfig)."""
     with pytest.raises(RuntimeError, match="exited"), \
-            server.serve(llama_fp32, tmp_path, [1, 2], *CHUNKED, env={"SPECCOMPAT_SKIP": ID}):
+            server.serve(llama_fp32_refused, tmp_path, [1, 2], *CHUNKED,
+                         env={"SPECCOMPAT_SKIP": ID}):
         pass
     text = (tmp_path / "server.log").read_text(errors="replace")
     assert "ValidationError: 1 validation error for VllmConfig" in text, text[-3000:]

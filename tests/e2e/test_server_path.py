@@ -36,6 +36,12 @@ def llama_fp32(models_dir: Path) -> Path:
     return server.llama_fp32(models_dir)
 
 
+@pytest.fixture(scope="module")
+def llama_fp32_refused(models_dir: Path) -> Path:
+    """For a server that must refuse to start: runs where no engine could serve (0.23-0.24)."""
+    return server.llama_fp32(models_dir, serving=False)
+
+
 def test_llama_every_id_matches_hf_fp32(llama_fp32: Path, tmp_path: Path) -> None:
     """Ids 0..N (N = the final pre-norm state), two batches on one server, concurrency 2."""
     layer_ids = list(range(server.num_layers(llama_fp32) + 1))
@@ -87,13 +93,13 @@ def test_without_speccompat_the_cpu_build_writes_no_file(llama_fp32: Path,
     assert "server-path adapters applied" not in log
 
 
-def test_an_id_the_model_cannot_serve_stops_the_server_at_start(llama_fp32: Path,
+def test_an_id_the_model_cannot_serve_stops_the_server_at_start(llama_fp32_refused: Path,
                                                                 tmp_path: Path) -> None:
     """Id N + 1 on a Llama with N layers: vllm serve exits before it is ready, and its log
     names the id and the valid range (speccompat's LayerIdError from the worker)."""
-    n = server.num_layers(llama_fp32)
+    n = server.num_layers(llama_fp32_refused)
     with pytest.raises(RuntimeError, match="exited"), \
-            server.serve(llama_fp32, tmp_path, [1, n + 1], "--dtype", "float32"):
+            server.serve(llama_fp32_refused, tmp_path, [1, n + 1], "--dtype", "float32"):
         pass
     text = (tmp_path / "server.log").read_text(errors="replace")
     assert "speccompat.layers.LayerIdError" in text, text[-3000:]
