@@ -259,8 +259,7 @@ def skip_unless_the_cpu_build_serves() -> None:
 
     if why := contract_only_reason():
         pytest.skip(why)
-    for bug in (cpu_build.SERVER_NO_SPEC_DECODE, cpu_build.SERVER_REJECTION_SAMPLER_SYNTHETIC_MODE,
-                cpu_build.SERVER_SPEC_DECODE_GUMBEL):
+    for bug in cpu_build.SERVER_PATH_BUGS:
         bug.skip_if_present("the source facts are checked by this file's raw tests")
 
 

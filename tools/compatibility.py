@@ -163,13 +163,18 @@ def _is_server_test(case: ET.Element) -> bool:
                for part in str(case.get("classname") or "").split("."))
 
 
-def require_server_tests(stage: Mapping[str, Any], junit: Path, path: str) -> dict[str, Any]:
+def require_server_tests(stage: Mapping[str, Any], junit: Path, path: str,
+                         cannot_serve: str = "") -> dict[str, Any]:
     """A server-path cell's passed e2e ``stage``, made "skipped" (the record then says
-    contract only, with the server tests' skip reason) where no test of
-    tests/e2e/test_server_*.py passed: the other e2e tests (verify, shared memory) passing
-    is not the server path running. Unchanged otherwise."""
+    contract only, with the reason) where the CPU build cannot run the path at all
+    (``cannot_serve``, from tests/cpu_build.server_path_blocker: a test that watches a server
+    refuse to start may still pass there), or where no test of tests/e2e/test_server_*.py
+    passed (the other e2e tests, verify and shared memory, passing is not the server path
+    running). Unchanged otherwise."""
     if path != "server" or stage.get("outcome") != PASSED:
         return dict(stage)
+    if cannot_serve:
+        return {**stage, "outcome": SKIPPED, "skip_reasons": [cannot_serve]}
     try:
         cases = list(ET.parse(junit).getroot().iter("testcase"))
     except (OSError, ET.ParseError):

@@ -376,3 +376,7 @@ def test_a_server_cell_whose_server_tests_all_skipped_is_contract_only(tmp_path:
     ran = junit_cases(tmp_path / "ran.xml", [("test_server_path", ""), ("test_server_path", why)])
     assert compat.require_server_tests(passed, ran, "server") == passed
     assert compat.require_server_tests(passed, e2e_junit, "in-process") == passed
+    # A CPU build that cannot serve at all: contract only whatever start-up checks passed.
+    blocked = compat.require_server_tests(passed, ran, "server", cannot_serve="no engine")
+    assert blocked["outcome"] == compat.SKIPPED and blocked["skip_reasons"] == ["no engine"]
+    assert record(SERVER_CELL, ok, blocked)["reason"] == "no engine"
