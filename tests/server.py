@@ -305,9 +305,10 @@ def num_layers(model: Path) -> int:
 
 def generate(srv: Server, prompts: list[list[int]], work: Path,
              concurrency: int = 2) -> tuple[subprocess.CompletedProcess[str], Path]:
-    """speculators' own client against ``srv``: (its run, its output folder). From 0.8.0 the
-    ``generate-offline-data`` CLI; before, the release's library client driven as its
-    repo-only script does (tests/speculators_client.py)."""
+    """speculators' own client against ``srv``: (its run, the folder of its
+    ``hs_<i>.safetensors``). From 0.8.0 the ``generate-offline-data`` CLI; before, the
+    release's library client driven as its repo-only script does
+    (tests/speculators_client.py), which leaves the files in ``OUT/hidden_states``."""
     out = work / "out"
     if not has_offline_cli():
         listing = work / "prompts.json"
@@ -317,7 +318,7 @@ def generate(srv: Server, prompts: list[list[int]], work: Path,
             [sys.executable, str(Path(__file__).with_name("speculators_client.py")),
              f"{srv.url}/v1", str(listing), str(out)],
             capture_output=True, text=True, timeout=900, check=False)
-        return run, out
+        return run, out / "hidden_states"
     data = write_preprocessed(work / "prepared", prompts)
     run = subprocess.run(
         [str(speculators_cli()), "generate-offline-data", "--endpoint",
