@@ -16,7 +16,7 @@ from speccompat.layers import servable_aux_ids
 from speccompat.patching import patched_by
 from speccompat.record import ExtractionPath
 from speccompat.targets import source_def
-from support import needs_adapter, requires_vllm
+from support import needs_adapter, requires_vllm, vllm_in
 
 pytestmark = requires_vllm
 applies = needs_adapter(ID, "vLLM has no extract_hidden_states before 0.17.0")
@@ -52,6 +52,8 @@ def test_raw_deepseek_serves_the_final_id_only_from_0_25() -> None:
 
 
 @applies
+@vllm_in(">=0.18.0", "DeepSeek V2/V3 are not SupportsEagle3 before 0.18.0: their forward "
+         "collects no aux states, so there is no id-0 residual to get wrong")
 def test_raw_deepseek_id_0_adds_a_residual_that_does_not_exist_yet() -> None:
     forward = _body(DEEPSEEK, "DeepseekV2Model.forward")
     assert "residual = None" in forward  # before the first layer
