@@ -48,7 +48,6 @@ ALIGN = 64  # every tensor starts on a cache line, so any dtype can view its byt
 HEADER = ALIGN  # the mark bytes, before the first tensor
 HANDED, READER, LOCAL = 0, 1, 2
 GROWTH = 1.25  # a slot grows with headroom: batch sizes vary from call to call
-KEEP_FREE_SLOTS = 2
 # A reader that drops batch N's tensors while batch N+1 is made needs two slots.
 MAX_PINNED_SLOTS = 2
 
@@ -182,7 +181,11 @@ class _Pool:
         fitting = [s for s in free if s.size >= size]
         if fitting:
             return min(fitting, key=lambda s: s.size)
-        for slot in sorted(free, key=lambda s: s.size)[: max(0, len(free) - KEEP_FREE_SLOTS + 1)]:
+        # None fits: every free slot is too small. Closing them gives their memory and their
+        # page lock to the new one. Kept, a small first batch's pinned slot left the next
+        # one pageable: 8 of bench/gpu_extract.py's 16 batches after it copied at a fifth
+        # of the speed (a simulation of its slot choices, docs/gpu-results.md).
+        for slot in free:
             self.slots.remove(slot)
             slot.close()
         size = -(-int(size * GROWTH) // mmap.PAGESIZE) * mmap.PAGESIZE

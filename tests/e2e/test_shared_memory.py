@@ -127,6 +127,17 @@ def test_only_two_slots_are_page_locked() -> None:
     assert [total(k) for k in kept] == [total(batch(float(n))) for n in range(4)]
 
 
+def test_a_slot_too_small_gives_its_page_lock_to_the_new_one() -> None:
+    small = shm.to_host(batch(1.0, rows=10))
+    del small
+    kept = shm.to_host(batch(2.0, rows=300))  # a consumer that keeps this batch ...
+    bigger = shm.to_host(batch(3.0, rows=5000))  # ... while a bigger one is made
+    pool = shm._POOL
+    assert pool is not None and [s.may_pin for s in pool.slots] == [True, True]
+    assert total(kept) == total(batch(2.0, rows=300))
+    assert total(bigger) == total(batch(3.0, rows=5000))
+
+
 def test_grows_and_keeps_few_free_slots() -> None:
     small = shm.to_host(batch(1.0, rows=10))
     small_path = small.path
@@ -138,7 +149,7 @@ def test_grows_and_keeps_few_free_slots() -> None:
     for rows in (20, 6000, 7000, 8000):  # each too big for the last: a new slot each time
         shm.to_host(batch(1.0, rows=rows))
     pool = shm._POOL
-    assert pool is not None and len(pool.slots) <= shm.KEEP_FREE_SLOTS + 1
+    assert pool is not None and len(pool.slots) == 1, "slots too small are closed"
     again = shm.to_host(batch(3.0, rows=4000))
     assert again.path in {s.path for s in pool.slots}
     assert total(again) == total(batch(3.0, rows=4000))
