@@ -105,7 +105,9 @@ SERVER_NO_SPEC_DECODE = CpuBuildBug(
     vllm="<0.20.0")
 # Measured on 0.20.0 with speccompat disabled and an ngram speculative config (2026-12-02):
 # the engine dies at start-up in the CPU rejection sampler ("_rejection_greedy_sample_kernel_
-# impl() got an unexpected keyword argument 'SYNTHETIC_MODE'"); 0.21.0 starts.
+# impl() got an unexpected keyword argument 'SYNTHETIC_MODE'"); 0.21.0 starts. 0.20.1 and
+# 0.20.2 ship the same vllm/utils/cpu_triton_utils.py and v1/sample/rejection_sampler.py
+# as 0.20.0, byte for byte (read from the wheels); 0.21.0's stub takes SYNTHETIC_MODE.
 SERVER_REJECTION_SAMPLER_SYNTHETIC_MODE = CpuBuildBug(
     "no speculative-decoding engine starts (the CPU rejection sampler takes no "
     "SYNTHETIC_MODE)", vllm=">=0.20.0,<0.21.0")
