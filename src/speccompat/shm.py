@@ -127,23 +127,27 @@ class _Slot:
         finally:
             os.close(fd)
         self.pinned_at: int | None = None
+        self.reserved = False  # taken by a ``Reservation`` whose list is not made yet
 
     def free(self) -> bool:
-        return self.mapping[:LOCAL + 1] == bytes(LOCAL + 1)
+        return not self.reserved and self.mapping[:LOCAL + 1] == bytes(LOCAL + 1)
 
     def write(self, tensors: Sequence[Any], layout: Layout) -> None:
         import torch
 
-        if self.may_pin and self.pinned_at is None and any(t.is_cuda for t in tensors):
-            self._pin()
+        if any(t.is_cuda for t in tensors):
+            self.pin()
         storage = torch.frombuffer(self.mapping, dtype=torch.uint8)
         for view, tensor in zip(_views(storage, layout), tensors, strict=True):
             view.copy_(tensor)
 
-    def _pin(self) -> None:
-        """Page-lock the file's memory once, so CUDA copies into it at full speed.
-        Where the driver refuses, the copies stay pageable (correct, slower)."""
+    def pin(self) -> None:
+        """Page-lock the file's memory once, so CUDA copies into it at full speed (and
+        asynchronously). Where the driver refuses, the copies stay pageable (correct, slower)."""
         import torch
+
+        if not self.may_pin or self.pinned_at is not None:
+            return
 
         address = torch.frombuffer(self.mapping, dtype=torch.uint8).data_ptr()
         try:
@@ -206,22 +210,63 @@ class _Pool:
 _POOL: _Pool | None = None
 
 
+def _pool() -> _Pool:
+    global _POOL
+    if _POOL is None:
+        _POOL = _Pool()
+    return _POOL
+
+
+class Reservation:
+    """A reusable slot taken before its tensors exist, so a forward can write each layer's
+    rows into their final place as it produces them (on CUDA, while later layers run)
+    instead of copying the whole batch afterwards. ``hand_over`` makes the list, as
+    ``to_host`` would have; ``release`` gives the slot back unused."""
+
+    def __init__(self, slot: _Slot, for_cuda: bool) -> None:
+        import torch
+
+        self.slot = slot
+        slot.reserved = True
+        if for_cuda:
+            slot.pin()
+        self.storage = torch.frombuffer(slot.mapping, dtype=torch.uint8)
+
+    @property
+    def size(self) -> int:
+        return self.slot.size
+
+    def hand_over(self, layout: Layout) -> SharedTensors:
+        self.slot.reserved = False
+        views = _views(_map(self.slot.path, self.slot.size, LOCAL), layout)
+        return SharedTensors(views, self.slot.path, layout, self.slot.handed, persistent=True)
+
+    def release(self) -> None:
+        self.slot.reserved = False
+
+
+def reserve(size: int, *, for_cuda: bool) -> Reservation | None:
+    """A slot of at least ``size`` bytes (``HEADER`` included) for ``Reservation``'s
+    in-place writes, or None where shared memory is off or too small."""
+    if os.environ.get(SWITCH_ENV, "1") == "0":
+        return None
+    slot = _pool().slot_for(size)
+    return None if slot is None else Reservation(slot, for_cuda)
+
+
 def to_host(tensors: Sequence[Any], *, reuse: bool = True) -> list[Any]:
     """Copy ``tensors`` to host memory, in shared memory when that is possible.
 
     ``reuse``: into this process's reusable slot (one list per call, as speculators 0.3.0
     fetches a batch); otherwise into a fresh file, unlinked by its reader.
     """
-    global _POOL
     import torch
 
     layout, total = _layout(tensors)
     if not total or os.environ.get(SWITCH_ENV, "1") == "0":
         return [t.to("cpu") for t in tensors]
     if reuse:
-        if _POOL is None:
-            _POOL = _Pool()
-        slot = _POOL.slot_for(total)
+        slot = _pool().slot_for(total)
         if slot is None:
             return [t.to("cpu") for t in tensors]
         slot.write(tensors, layout)

@@ -67,9 +67,8 @@ class RunnerV2:
 
 def wrapped_runner(runner: Any) -> LayerCapture:
     capture = LayerCapture.__new__(LayerCapture)
-    capture.runner, capture.adapter, capture.handles, capture.slots = runner, ADAPTER, [], {}
-    capture.step = capture.layout = capture.prepared = None
-    capture.reset()
+    capture.runner, capture.adapter, capture.handles = runner, ADAPTER, []
+    capture._start([], recording=True, stream_to_host=False)
     capture.patcher = Patcher(ADAPTER)
     capture._wrap_runner()
     return capture

@@ -35,12 +35,18 @@ ID_V04 = "vllm.model_forward_drift.speculators_0_4"
 
 
 def _setup_for(adapter_id: str) -> Callable[[Any, list[int]], None]:
+    # speculators 0.3.0's reply (one tensor per layer id) is written to host memory step
+    # by step, while the next step computes; 0.4.0's (one list per request) is copied
+    # after the last step.
+    stream_to_host = adapter_id == ID
+
     def _setup_hidden_states_capture(self: Any, layer_ids: list[int]) -> None:
         previous = getattr(self, "_speccompat_capture", None)
         if previous is not None:
             previous.close()
         self._layer_ids = frozenset(layer_ids)
-        self._speccompat_capture = LayerCapture(self, list(layer_ids), adapter_id)
+        self._speccompat_capture = LayerCapture(self, list(layer_ids), adapter_id,
+                                                stream_to_host=stream_to_host)
 
     return _setup_hidden_states_capture
 
@@ -61,13 +67,18 @@ def _get_captured_states(self: Any) -> list[Any] | None:
     which is the input order the generator slices by."""
     import torch
 
-    capture = getattr(self, "_speccompat_capture", None)
-    states = None if capture is None else capture.per_request()
+    capture: LayerCapture | None = getattr(self, "_speccompat_capture", None)
+    if capture is None:
+        return None
+    # Host memory, shared with the driver: pickling CUDA tensors through vLLM's
+    # message queue costs more than the forward (docs/gpu-results.md).
+    streamed = capture.streamed_layers()
+    if streamed is not None:
+        return streamed
+    states = capture.per_request()  # where the slot could not be sized or shm is off
     if states is None:
         return None
     per_layer = [torch.cat(layers, dim=0) for layers in zip(*states.values(), strict=True)]
-    # Host memory, shared with the driver: pickling CUDA tensors through vLLM's
-    # message queue costs more than the forward (docs/gpu-results.md).
     return shm.to_host(per_layer)
 
 
