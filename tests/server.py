@@ -168,6 +168,17 @@ def connector_makes_locks() -> bool:
     return env.vllm is None or env.vllm.version >= Version("0.22.0")
 
 
+def client_leaves_locks() -> bool:
+    """Whether the installed speculators' client leaves each ``<path>.lock`` behind:
+    0.5.0 moves the file at once and never opens its lock (``vllm_client.wait_for_lock``,
+    which waits and then removes it, came with 0.6.0), where the connector makes locks."""
+    if not connector_makes_locks():
+        return False
+    from speculators.data_generation import vllm_client
+
+    return not hasattr(vllm_client, "wait_for_lock")
+
+
 def wait_until_written(path: Path, timeout: float = 120.0) -> None:
     """As the connector's clients do: a shared lock on ``<path>.lock``, which the writer
     (vLLM 0.22+) holds exclusively until the file is complete. Before 0.22 the connector

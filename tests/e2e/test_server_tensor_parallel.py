@@ -74,7 +74,15 @@ def test_tp2_every_id_matches_hf_fp32_one_write_per_request(llama_fp32: Path,
     assert "Hidden-states write failed" not in log, log[-4000:]
     # The CLI moved every file it was given and removed its lock; nothing else was written.
     lock = [f"{path.name}.lock"] if server.connector_makes_locks() else []
-    assert left == sorted([path.name, *lock]), left
+    expected = sorted([path.name, *lock])
+    if server.client_leaves_locks():
+        # speculators 0.5.0's client: the lock of every file it moved stays behind.
+        stray = [name for name in left if name not in expected]
+        assert all(name.endswith(".lock") and name.removesuffix(".lock") not in left
+                   for name in stray), left
+        assert len(stray) == sum(len(prompts) for prompts in batches), left
+        left = [name for name in left if name in expected]
+    assert left == expected, left
     assert settled == written, f"{path} was written again after its lock was released"
     rows = []
     for out, prompts in zip(outs, batches, strict=True):
