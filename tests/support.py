@@ -270,6 +270,22 @@ def constructor_kwargs(module: Any, name: str, values: dict[str, Any], *,
 
 
 @contextlib.contextmanager
+def fresh_shm_pool() -> Iterator[None]:
+    """A fresh shared-memory slot pool for the block, closed after it (tests of
+    ``speccompat.shm`` and of the capture writing into its slots)."""
+    from speccompat import shm
+
+    shm._POOL = None
+    try:
+        yield
+    finally:
+        gc.collect()
+        if shm._POOL is not None:
+            shm._POOL.close()
+        shm._POOL = None
+
+
+@contextlib.contextmanager
 def only(*adapter_ids: str) -> Iterator[None]:
     """Exactly these adapters applied for the block; the ids must exist in the catalogue."""
     import speccompat

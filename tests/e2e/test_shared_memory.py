@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+import support
 from speccompat import shm
 
 torch = pytest.importorskip("torch")
@@ -35,12 +36,8 @@ sys.stdin.readline()
 
 @pytest.fixture(autouse=True)
 def fresh_pool() -> Iterator[None]:
-    shm._POOL = None
-    yield
-    gc.collect()
-    if shm._POOL is not None:
-        shm._POOL.close()
-    shm._POOL = None
+    with support.fresh_shm_pool():
+        yield
 
 
 def batch(seed: float, rows: int = 300) -> list[torch.Tensor]:

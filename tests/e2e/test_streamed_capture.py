@@ -17,6 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
+import support
 from speccompat import CorruptCaptureError, shm
 from speccompat.capture import STREAM_ENV, LayerCapture
 
@@ -28,12 +29,8 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 @pytest.fixture(autouse=True)
 def fresh_pool() -> Iterator[None]:
-    shm._POOL = None
-    yield
-    gc.collect()
-    if shm._POOL is not None:
-        shm._POOL.close()
-    shm._POOL = None
+    with support.fresh_shm_pool():
+        yield
 
 
 def new_capture(layer_ids: list[int], stream_to_host: bool = True) -> LayerCapture:
@@ -174,8 +171,11 @@ def test_a_prompt_not_captured_whole_raises() -> None:
         capture.streamed_layers()
 
 
-def test_shared_memory_switched_off_copies(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(shm.SWITCH_ENV, "0")
+@pytest.mark.parametrize("switch", [shm.SWITCH_ENV, STREAM_ENV])
+def test_switched_off_copies_after_the_last_step(monkeypatch: pytest.MonkeyPatch,
+                                                 switch: str) -> None:
+    """Shared memory off, or the streamed capture off: the copying way."""
+    monkeypatch.setenv(switch, "0")
     capture = new_capture([1])
     batch = Batch(capture, {"a": 3}, "cpu")
     batch.step({"a": 3})
@@ -194,13 +194,3 @@ def test_a_reserved_slot_is_not_given_out_until_released() -> None:
     reservation.release()
     assert shm.to_host([torch.ones(8)]).path in {s.path for s in shm._pool().slots}
     assert reservation.slot.free()
-
-
-def test_streaming_switched_off_copies_after_the_forward(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(STREAM_ENV, "0")
-    capture = new_capture([1])
-    batch = Batch(capture, {"a": 3}, "cpu")
-    batch.step({"a": 3})
-    assert capture.streamed_layers() is None
-    states = capture.per_request()
-    assert states is not None and same(states["a"], batch.expected([1]))
