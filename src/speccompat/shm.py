@@ -160,6 +160,12 @@ class _Slot:
     def handed(self) -> None:
         self.mapping[HANDED] = 1
 
+    def hand_over(self, layout: Layout) -> SharedTensors:
+        """The slot's tensors as the list the driver gets (mapped again here, so this
+        process's views hold the slot until dropped)."""
+        views = _views(_map(self.path, self.size, LOCAL), layout)
+        return SharedTensors(views, self.path, layout, self.handed, persistent=True)
+
     def close(self) -> None:
         if self.pinned_at is not None:
             import torch
@@ -218,10 +224,10 @@ def _pool() -> _Pool:
 
 
 class Reservation:
-    """A reusable slot taken before its tensors exist, so a forward can write each layer's
-    rows into their final place as it produces them (on CUDA, while later layers run)
-    instead of copying the whole batch afterwards. ``hand_over`` makes the list, as
-    ``to_host`` would have; ``release`` gives the slot back unused."""
+    """A reusable slot taken before its tensors exist, so the capture can write each step's
+    rows into their final place (on CUDA, while the next step runs) instead of copying the
+    whole batch afterwards. ``hand_over`` makes the list, as ``to_host`` would have;
+    ``release`` gives the slot back unused."""
 
     def __init__(self, slot: _Slot, for_cuda: bool) -> None:
         import torch
@@ -232,14 +238,9 @@ class Reservation:
             slot.pin()
         self.storage = torch.frombuffer(slot.mapping, dtype=torch.uint8)
 
-    @property
-    def size(self) -> int:
-        return self.slot.size
-
     def hand_over(self, layout: Layout) -> SharedTensors:
         self.slot.reserved = False
-        views = _views(_map(self.slot.path, self.slot.size, LOCAL), layout)
-        return SharedTensors(views, self.slot.path, layout, self.slot.handed, persistent=True)
+        return self.slot.hand_over(layout)
 
     def release(self) -> None:
         self.slot.reserved = False
@@ -270,8 +271,7 @@ def to_host(tensors: Sequence[Any], *, reuse: bool = True) -> list[Any]:
         if slot is None:
             return [t.to("cpu") for t in tensors]
         slot.write(tensors, layout)
-        views = _views(_map(slot.path, slot.size, LOCAL), layout)
-        return SharedTensors(views, slot.path, layout, slot.handed, persistent=True)
+        return slot.hand_over(layout)
     path = _new_file(total)
     if path is None:
         return [t.to("cpu") for t in tensors]
