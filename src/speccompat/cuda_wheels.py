@@ -49,16 +49,23 @@ class StaleCudaWheels:
                 "nvidia/ folders)")
 
 
-def _requirement_names(requires: Iterable[str] | None) -> set[str]:
-    names: set[str] = set()
+def _required(requires: Iterable[str] | None, extras: set[str]) -> dict[str, set[str]]:
+    """What a package requires with ``extras`` of it asked for: each name, with the extras
+    asked of it in turn (vLLM 0.33.0 requires ``nvidia-cutlass-dsl[cu13]``, whose
+    ``nvidia-cutlass-dsl-libs-cu13`` is required only under ``extra == "cu13"``). Other
+    markers count as met: a wheel kept by mistake is the safe error here."""
+    names: dict[str, set[str]] = {}
     for line in requires or ():
         try:
             requirement = Requirement(line)
         except InvalidRequirement:
             continue
-        if requirement.marker is not None and "extra" in str(requirement.marker):
+        marker = requirement.marker
+        if marker is not None and "extra" in str(marker) and not any(
+                marker.evaluate({"extra": extra}) for extra in extras):
             continue
-        names.add(canonicalize_name(requirement.name))
+        asked = {canonicalize_name(extra) for extra in requirement.extras}
+        names.setdefault(canonicalize_name(requirement.name), set()).update(asked)
     return names
 
 
@@ -73,16 +80,23 @@ def stale_cuda_wheels(
     if torch is None:
         return None
     candidates = {name for name in by_name if _CUDA_MAJOR_WHEEL.match(name)}
-    # Needed: every other package, and the candidates they require, transitively (the
-    # CUDA 12 wheels require each other: nvidia-cusolver-cu12 needs nvidia-cublas-cu12).
-    needed = set(by_name) - candidates
-    frontier = set(needed)
+    # Needed: every other package, and what they require, transitively (the CUDA 12 wheels
+    # require each other: nvidia-cusolver-cu12 needs nvidia-cublas-cu12), each with the
+    # extras asked of it.
+    extras_of: dict[str, set[str]] = {name: set() for name in by_name if name not in candidates}
+    frontier = set(extras_of)
     while frontier:
-        required = set()
+        grown: set[str] = set()
         for name in frontier:
-            required |= _requirement_names(by_name[name].requires) & candidates
-        frontier = required - needed
-        needed |= frontier
+            for target, asked in _required(by_name[name].requires, extras_of[name]).items():
+                if target not in by_name:
+                    continue
+                known = extras_of.get(target)
+                if known is None or not asked <= known:
+                    extras_of[target] = (known or set()) | asked
+                    grown.add(target)
+        frontier = grown
+    needed = set(extras_of)
     stale = tuple(sorted(candidates - needed))
     if not stale:
         return None

@@ -403,7 +403,7 @@ def servable_aux_ids(architecture: str, num_layers: int, vllm_version: str, *,
     ``num_layers`` = the final pre-norm state), from the releases' model sources:
 
     - DeepSeek V2/V3 and Kimi-K2.x (``DeepseekV2Model``): id 0 adds a residual that does not
-      exist yet before the first layer (TypeError, every release to 0.32); id
+      exist yet before the first layer (TypeError, every release 0.18.0 to 0.33.0); id
       ``num_layers`` is captured only from 0.25.0 (vLLM PR #46973), before it the model
       returns one state fewer than asked and the request fails.
     - Every other architecture: 0..``num_layers``, except on 0.17.x, where the capture
@@ -422,7 +422,7 @@ def servable_aux_ids(architecture: str, num_layers: int, vllm_version: str, *,
     limits: list[str] = []
     low, high = 0, n
     if architecture.startswith(_DEEPSEEK_FAMILY):
-        if version <= Version("0.32.0") and not first_id_repaired:
+        if not first_id_repaired:
             low = 1
             limits.append(f"id 0 breaks {architecture}'s first layer on vLLM {version}")
         if version < Version("0.25.0") and not final_id_repaired:

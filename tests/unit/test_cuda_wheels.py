@@ -68,3 +68,31 @@ def test_without_torchcodec_it_is_a_note() -> None:
     found = stale_cuda_wheels(dists(TORCH_2_11, *CUDA_13, *CUDA_12_LEFT))
     assert found is not None and not found.torchcodec
     assert "would not load" in found.message
+
+
+# vLLM 0.33.0 asks for an extra of a dependency; the wheel that extra brings is needed.
+VLLM_0_33 = FakeDistribution("vllm", "0.33.0", ["nvidia-cutlass-dsl[cu13]==4.8.0"])
+CUTLASS_DSL = [
+    FakeDistribution("nvidia-cutlass-dsl", "4.8.0", [
+        "nvidia-cutlass-dsl-libs-base==4.8.0",
+        "nvidia-cutlass-dsl-libs-cu12==4.8.0",
+        'nvidia-cutlass-dsl-libs-cu13==4.8.0; extra == "cu13"',
+        'nvidia-cutlass-dsl-libs-qnx-cu13==4.8.0; extra == "qnx-cu13"',
+    ]),
+    FakeDistribution("nvidia-cutlass-dsl-libs-base", "4.8.0"),
+    FakeDistribution("nvidia-cutlass-dsl-libs-cu12", "4.8.0"),
+    FakeDistribution("nvidia-cutlass-dsl-libs-cu13", "4.8.0"),
+]
+
+
+def test_a_wheel_required_through_an_asked_extra_is_not_stale() -> None:
+    """Seen in the matrix cell vLLM 0.33.0 x speculators 0.9.0: doctor called
+    nvidia-cutlass-dsl-libs-cu13 stale, its fix removed it, and vLLM's GPU runner no longer
+    imported (cuda.bindings.runtime has no cudaLibrary_t)."""
+    assert stale_cuda_wheels(dists(TORCH_2_11, *CUDA_13, VLLM_0_33, *CUTLASS_DSL)) is None
+
+
+def test_an_extra_nobody_asks_for_brings_nothing() -> None:
+    qnx = FakeDistribution("nvidia-cutlass-dsl-libs-qnx-cu13", "4.8.0")
+    found = stale_cuda_wheels(dists(TORCH_2_11, *CUDA_13, VLLM_0_33, *CUTLASS_DSL, qnx))
+    assert found is not None and found.stale == ("nvidia-cutlass-dsl-libs-qnx-cu13",)

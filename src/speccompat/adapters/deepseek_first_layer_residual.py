@@ -2,7 +2,7 @@
 ``hidden_states + residual`` before decoder layer k, but before layer 0 the residual is
 still ``None``: with id 0 (the embeddings, HF ``output_hidden_states[0]``) an
 ``extract_hidden_states`` server raises a TypeError at warm-up (vLLM 0.26) or at the first
-request (0.32). Every release with the capture, 0.18.0 to 0.32.0 at least, has it.
+request (0.32). Every release with the capture, 0.18.0 to 0.33.0 at least, has it.
 
 The state vLLM means there is the embeddings themselves. The adapter computes them once,
 hands them to vLLM's own forward as ``inputs_embeds`` (so nothing is computed twice) with
@@ -71,7 +71,7 @@ ADAPTER = Adapter(
     "inputs_embeds and puts a copy in id 0's slot",
     upstream="vLLM 0.18.0: DeepseekV2Model gains the EAGLE-3 aux capture as hidden_states + "
     "residual before each layer, residual None before the first",
-    upstream_ref="none found: no vLLM issue or PR on DeepSeek aux id 0 as of vLLM 0.32.0",
+    upstream_ref="none found: no vLLM issue or PR on DeepSeek aux id 0 as of vLLM 0.33.0",
     vllm=spec(">=0.18.0"),
     speculators=None,
     side=Side.WORKER,
