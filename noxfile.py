@@ -401,17 +401,26 @@ def cell(session: nox.Session, vllm: str, speculators: str, transformers: str) -
 
 
 def fix_stale_cuda_wheels(session: nox.Session, python: str) -> str:
-    """Where the user's upgrade left an earlier torch's CUDA wheels that break ``import
-    vllm`` (``speccompat.cuda_wheels``), what ``doctor`` says, then its fix applied, so the
-    tests run; the record keeps the message ("" when the install is clean)."""
+    """Where the user's install left the environment broken in a way ``doctor`` reports
+    (``speccompat.cuda_wheels``: an earlier torch's CUDA wheels that break ``import vllm``;
+    cuda-python of old written over cuda-bindings, which breaks vLLM's GPU model runner),
+    what ``doctor`` says, then its fix applied, so the tests run; the record keeps the
+    messages ("" when the install is clean)."""
+    messages = []
     raw = session.run(python, "-c", cells.STALE_CUDA_CHECK, silent=True, external=True)
     found = cells.last_json_line(str(raw or "null"))
-    if not found or not found.get("torchcodec"):
-        return ""
-    session.warn(f"doctor: {found['message']}; applying its fix")
-    for step in cells.stale_cuda_fix(python, found):
-        session.run_install(*step, external=True)
-    return str(found["message"])
+    if found and found.get("torchcodec"):
+        session.warn(f"doctor: {found['message']}; applying its fix")
+        for step in cells.stale_cuda_fix(python, found):
+            session.run_install(*step, external=True)
+        messages.append(str(found["message"]))
+    raw = session.run(python, "-c", cells.SHADOWED_BINDINGS_CHECK, silent=True, external=True)
+    shadowed = cells.last_json_line(str(raw or "null"))
+    if shadowed:
+        session.warn(f"doctor: {shadowed['message']}; applying its fix")
+        session.run_install(*cells.shadowed_bindings_fix(python, shadowed), external=True)
+        messages.append(str(shadowed["message"]))
+    return "; ".join(messages)
 
 
 @nox.session(name="matrix", python=False)

@@ -97,6 +97,22 @@ STALE_CUDA_CHECK = (
 )
 
 
+# doctor's other environment check: cuda-python of old written over cuda-bindings.
+SHADOWED_BINDINGS_CHECK = (
+    "import json\n"
+    "from speccompat.cuda_wheels import shadowed_cuda_bindings\n"
+    "found = shadowed_cuda_bindings()\n"
+    "print(json.dumps(None if found is None else {'bindings': found.bindings, "
+    "'message': found.message}))\n"
+)
+
+
+def shadowed_bindings_fix(python: str, found: Mapping[str, Any]) -> tuple[str, ...]:
+    """doctor's fix for shadowed cuda-bindings, as a uv command: write its files again."""
+    return uv_pip_install(python, "--reinstall", "--no-deps",
+                          f"cuda-bindings=={found['bindings']}")
+
+
 def stale_cuda_fix(python: str, found: Mapping[str, Any]) -> list[tuple[str, ...]]:
     """doctor's fix for stale CUDA wheels, as uv commands: uninstall them, then reinstall
     the needed nvidia wheels without their dependencies."""

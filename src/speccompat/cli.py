@@ -12,7 +12,7 @@ from importlib import metadata
 from pathlib import Path
 
 from . import matrix, registry, verify
-from .cuda_wheels import stale_cuda_wheels
+from .cuda_wheels import shadowed_cuda_bindings, stale_cuda_wheels
 from .outcomes import State
 from .record import Adapter, ExtractionPath
 from .versions import detect
@@ -34,6 +34,7 @@ def doctor(as_json: bool) -> int:
     env = detect(device=True)
     # Read from metadata before anything imports vLLM, which these wheels can break.
     stale = stale_cuda_wheels()
+    shadowed = shadowed_cuda_bindings()
     in_process = [a for a in registry.catalogue() if a.path is ExtractionPath.IN_PROCESS]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -41,11 +42,12 @@ def doctor(as_json: bool) -> int:
         server_path = registry.server_verdict(env)
     ok = report.ok and not any(o.state in (State.FAILED, State.UNSUPPORTED)
                                for o in server_path)
-    ok = ok and not (stale is not None and stale.torchcodec)
+    ok = ok and not (stale is not None and stale.torchcodec) and shadowed is None
     if as_json:
         payload = report.as_dict()
         payload["ok"] = ok
         payload["stale_cuda_wheels"] = stale.message if stale is not None else None
+        payload["shadowed_cuda_bindings"] = shadowed.message if shadowed is not None else None
         payload["server_path"] = [o.as_dict() for o in server_path]
         payload["warnings"] = [str(w.message) for w in caught]
         print(json.dumps(payload, indent=2))
@@ -59,6 +61,8 @@ def doctor(as_json: bool) -> int:
             print(f"warning: {w.message}")
         if stale is not None:
             print(f"environment: {stale.message}")
+        if shadowed is not None:
+            print(f"environment: {shadowed.message}")
         print("OK" if ok else "NOT OK: see the lines above")
     return 0 if ok else 1
 

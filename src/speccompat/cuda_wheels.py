@@ -13,10 +13,13 @@ reinstalls torch's own CUDA wheels after it. ``doctor`` reports this; nothing is
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import importlib.metadata as metadata
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
@@ -103,3 +106,59 @@ def stale_cuda_wheels(
     # What the fix reinstalls: the needed nvidia wheels, whose files may share folders.
     live_cuda = tuple(sorted(n for n in needed if n.startswith("nvidia-")))
     return StaleCudaWheels(stale, torch.version, live_cuda, "torchcodec" in by_name)
+
+
+# The one file both distributions write when cuda-python is the single package of old.
+_BINDINGS_INIT = "cuda/bindings/__init__.py"
+
+
+@dataclass(frozen=True)
+class ShadowedCudaBindings:
+    """cuda-python <= 12.6 (one package that ships ``cuda/bindings`` itself) installed over
+    cuda-bindings (the split package of 12.8 on): the two share ``cuda/bindings``, and the
+    files on disk are cuda-python's. Seen on vLLM 0.33.0, whatever was installed before it:
+    flashinfer's ``cuda-python>=12.0`` resolves to 12.6.2.post1 beside the cuda-bindings
+    13.5.0 that torch 2.14 needs, and vLLM's GPU model runner no longer imports
+    (CUTLASS DSL: ``cuda.bindings.runtime`` has no ``cudaLibrary_t``)."""
+
+    bindings: str  # cuda-bindings' version (what should be on disk)
+    python: str  # cuda-python's version (what is)
+
+    @property
+    def message(self) -> str:
+        return (f"shadowed cuda-bindings: cuda-python {self.python} ships its own "
+                f"cuda/bindings and was installed over cuda-bindings {self.bindings}, so "
+                f"`cuda.bindings` is {self.python}'s (vLLM's GPU model runner does not "
+                "import: its CUTLASS DSL kernels need cuda-bindings' cudaLibrary_t). Fix: "
+                f"pip install --force-reinstall --no-deps cuda-bindings=={self.bindings}")
+
+
+def _recorded_hash(distribution: metadata.Distribution, path: str) -> str | None:
+    for file in distribution.files or ():
+        if file.as_posix() == path:
+            return file.hash.value if file.hash is not None else ""
+    return None
+
+
+def shadowed_cuda_bindings(
+        distributions: Iterable[metadata.Distribution] | None = None,
+) -> ShadowedCudaBindings | None:
+    """Whether ``cuda/bindings`` on disk is cuda-python's rather than cuda-bindings' (both
+    installed, both recording the file, the file matching cuda-bindings' hash no more)."""
+    found = list(metadata.distributions() if distributions is None else distributions)
+    by_name: dict[str, metadata.Distribution] = {
+        canonicalize_name(d.metadata["Name"] or ""): d for d in found}
+    bindings, python = by_name.get("cuda-bindings"), by_name.get("cuda-python")
+    if bindings is None or python is None:
+        return None
+    expected = _recorded_hash(bindings, _BINDINGS_INIT)
+    if not expected or _recorded_hash(python, _BINDINGS_INIT) is None:
+        return None  # cuda-python 12.8 on is a metapackage that writes no bindings
+    try:
+        content = Path(str(bindings.locate_file(_BINDINGS_INIT))).read_bytes()
+    except OSError:
+        return None
+    digest = base64.urlsafe_b64encode(hashlib.sha256(content).digest()).rstrip(b"=").decode()
+    if digest == expected:
+        return None
+    return ShadowedCudaBindings(bindings.version, python.version)

@@ -216,3 +216,9 @@ def test_stale_cuda_fix_is_doctors_fix_as_uv_commands() -> None:
          "--reinstall", "--no-deps",
          "nvidia-cublas", "nvidia-cudnn-cu13"),
     ]
+
+
+def test_shadowed_bindings_fix_writes_cuda_bindings_again() -> None:
+    assert cells.shadowed_bindings_fix("/v/bin/python", {"bindings": "13.5.0"}) == (
+        "uv", "pip", "install", "--python", "/v/bin/python", cells.COMPILE_BYTECODE,
+        "--reinstall", "--no-deps", "cuda-bindings==13.5.0")

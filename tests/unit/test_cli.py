@@ -91,6 +91,20 @@ def test_doctor_json_without_vllm(tmp_path: Path) -> None:
     assert [a["id"] for a in payload["server_path"]] == server_path_ids()
     assert {a["state"] for a in payload["server_path"]} == {"unsupported"}
     assert isinstance(payload["warnings"], list)
+    assert payload["shadowed_cuda_bindings"] is None
+
+
+@pytest.mark.usefixtures("no_vllm_installed")
+def test_doctor_names_shadowed_cuda_bindings_and_the_fix(tmp_path: Path) -> None:
+    from test_cuda_wheels import BINDINGS_13, MONOLITHIC_12_6, install
+
+    # Installed where the doctor's Python finds distributions (its working directory).
+    install(tmp_path, "cuda-bindings", "13.5.0", BINDINGS_13)
+    install(tmp_path, "cuda-python", "12.6.2.post1", MONOLITHIC_12_6)
+    result = run("-m", "speccompat", "doctor", cwd=tmp_path)
+    assert ("environment: shadowed cuda-bindings: cuda-python 12.6.2.post1 ships its own "
+            "cuda/bindings") in result.stdout, result.stdout + result.stderr
+    assert "pip install --force-reinstall --no-deps cuda-bindings==13.5.0" in result.stdout
 
 
 # --------------------------------------------------------------------------- matrix

@@ -1,11 +1,16 @@
-"""cuda_wheels: the CUDA 12 wheels an earlier torch left behind, as doctor reports them."""
+"""cuda_wheels: the CUDA 12 wheels an earlier torch left behind, and cuda-bindings shadowed by
+cuda-python of old, as doctor reports them."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import importlib.metadata
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from speccompat.cuda_wheels import stale_cuda_wheels
+from speccompat.cuda_wheels import shadowed_cuda_bindings, stale_cuda_wheels
 
 
 @dataclass
@@ -96,3 +101,47 @@ def test_an_extra_nobody_asks_for_brings_nothing() -> None:
     qnx = FakeDistribution("nvidia-cutlass-dsl-libs-qnx-cu13", "4.8.0")
     found = stale_cuda_wheels(dists(TORCH_2_11, *CUDA_13, VLLM_0_33, *CUTLASS_DSL, qnx))
     assert found is not None and found.stale == ("nvidia-cutlass-dsl-libs-qnx-cu13",)
+
+
+def install(site: Path, name: str, version: str, files: dict[str, bytes]) -> None:
+    """A distribution in ``site`` as an installer leaves it: its files, METADATA and RECORD."""
+    info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    rows = []
+    for path, content in files.items():
+        (site / path).parent.mkdir(parents=True, exist_ok=True)
+        (site / path).write_bytes(content)
+        digest = base64.urlsafe_b64encode(hashlib.sha256(content).digest()).rstrip(b"=")
+        rows.append(f"{path},sha256={digest.decode()},{len(content)}")
+    (info / "RECORD").write_text("".join(f"{row}\n" for row in rows))
+
+
+def _site(tmp_path: Path) -> list[Any]:
+    return list(importlib.metadata.distributions(path=[str(tmp_path)]))
+
+
+BINDINGS_13 = {"cuda/bindings/__init__.py": b"__version__ = '13.5.0'\n"}
+MONOLITHIC_12_6 = {"cuda/bindings/__init__.py": b"__version__ = '12.6.2.post1'\n",
+                   "cuda/cudart.py": b""}
+
+
+def test_cuda_python_of_old_installed_over_cuda_bindings_shadows_it(tmp_path: Path) -> None:
+    install(tmp_path, "cuda-bindings", "13.5.0", BINDINGS_13)
+    install(tmp_path, "cuda-python", "12.6.2.post1", MONOLITHIC_12_6)  # written last
+    found = shadowed_cuda_bindings(_site(tmp_path))
+    assert found is not None and (found.bindings, found.python) == ("13.5.0", "12.6.2.post1")
+    assert found.message.endswith("pip install --force-reinstall --no-deps "
+                                  "cuda-bindings==13.5.0")
+
+
+def test_cuda_bindings_written_last_is_not_shadowed(tmp_path: Path) -> None:
+    install(tmp_path, "cuda-python", "12.6.2.post1", MONOLITHIC_12_6)
+    install(tmp_path, "cuda-bindings", "13.5.0", BINDINGS_13)  # what the fix does
+    assert shadowed_cuda_bindings(_site(tmp_path)) is None
+
+
+def test_cuda_python_as_a_metapackage_writes_no_bindings(tmp_path: Path) -> None:
+    install(tmp_path, "cuda-bindings", "13.5.0", BINDINGS_13)
+    install(tmp_path, "cuda-python", "13.4.4", {})
+    assert shadowed_cuda_bindings(_site(tmp_path)) is None
