@@ -106,8 +106,9 @@ NOTES: dict[tuple[str, str], str] = {
     ("0.22.0", "0.9.0"): "server path before 0.25.0: DeepSeek final and first layer, "
                          "chunked prefill adapters",
     ("0.32.0", "0.9.0"): "server path, newest CPU build",
-    ("0.26.0", "0.5.0"): "speculators 0.5.0's client has no lock wait: it reads the returned "
-                         "path before vLLM's asynchronous writer (0.24+) has written it",
+    ("0.26.0", "0.5.0"): "speculators 0.5.0's client has no lock wait: the reply waits for "
+                         "vLLM's asynchronous writer (0.24+) "
+                         "(vllm.hidden_states_connector_reply_before_write)",
     ("0.22.0", "0.5.0"): "speculators 0.5.0's client leaves each file's <path>.lock behind "
                          "(no lock wait before 0.6.0); the CPU build writes before answering",
 }
