@@ -150,9 +150,12 @@ HYBRID_PRECOPY_TRITON_KERNEL = CpuBuildBug(
 # plain server (SPECCOMPAT_DISABLE=1, no speculative config) and with speccompat alike
 # (2026-12-02). 0.25.1 under 5.19.0: "Input tensor dtype mismatch" with vLLM's own plain
 # server (SPECCOMPAT_DISABLE=1, no speculative config) and in the speccompat cell alike
-# (2026-12-03). Not run: 0.27.1 and 0.28.0.
+# (2026-12-03). 0.28.0 under 5.19.0: vLLM's own plain server dies on "initial_state dtype
+# mismatch"; the speccompat cell's server (speculative config on) died earlier, in the
+# precopy Triton kernel of HYBRID_PRECOPY_TRITON_KERNEL ("'function' object is not
+# subscriptable") (2026-12-03). Not run: 0.27.1.
 HYBRID_GDN_DTYPE_MISMATCH = CpuBuildBug(
     "a Qwen3-Next forward dies in the CPU gated-delta-rule kernel ('Input tensor dtype "
     "mismatch' / 'initial_state dtype mismatch', vLLM's own plain server too; seen under "
     "transformers 5.6.2, 5.19 and 5.24)",
-    vllm=">=0.25.0,<=0.27.0")
+    vllm=">=0.25.0,<=0.28.0")
