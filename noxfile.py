@@ -367,7 +367,7 @@ def cell(session: nox.Session, vllm: str, speculators: str, transformers: str) -
         return  # nox --install-only: the venv is ready, nothing ran, no record
     environment_fix = ""
     if install == compatibility.PASSED:
-        environment_fix = fix_stale_cuda_wheels(session, python)
+        environment_fix = apply_doctor_fixes(session, python)
         stem = compatibility.record_name(vllm, speculators, transformers).removesuffix(".json")
         why = contract_only_reason(session, the_cell)
         stages["contract"] = run_stage(session, "tests/contract", the_cell,
@@ -400,22 +400,21 @@ def cell(session: nox.Session, vllm: str, speculators: str, transformers: str) -
         session.error(f"{the_cell.name} failed; see {path.relative_to(ROOT)}")
 
 
-def fix_stale_cuda_wheels(session: nox.Session, python: str) -> str:
+def apply_doctor_fixes(session: nox.Session, python: str) -> str:
     """Where the user's install left the environment broken in a way ``doctor`` reports
     (``speccompat.cuda_wheels``: an earlier torch's CUDA wheels that break ``import vllm``;
     cuda-python of old written over cuda-bindings, which breaks vLLM's GPU model runner),
     what ``doctor`` says, then its fix applied, so the tests run; the record keeps the
     messages ("" when the install is clean)."""
+    raw = session.run(python, "-c", cells.ENVIRONMENT_CHECK, silent=True, external=True)
+    found = cells.last_json_line(str(raw or "null")) or {}
+    stale, shadowed = found.get("stale"), found.get("shadowed")
     messages = []
-    raw = session.run(python, "-c", cells.STALE_CUDA_CHECK, silent=True, external=True)
-    found = cells.last_json_line(str(raw or "null"))
-    if found and found.get("torchcodec"):
-        session.warn(f"doctor: {found['message']}; applying its fix")
-        for step in cells.stale_cuda_fix(python, found):
+    if stale and stale.get("torchcodec"):
+        session.warn(f"doctor: {stale['message']}; applying its fix")
+        for step in cells.stale_cuda_fix(python, stale):
             session.run_install(*step, external=True)
-        messages.append(str(found["message"]))
-    raw = session.run(python, "-c", cells.SHADOWED_BINDINGS_CHECK, silent=True, external=True)
-    shadowed = cells.last_json_line(str(raw or "null"))
+        messages.append(str(stale["message"]))
     if shadowed:
         session.warn(f"doctor: {shadowed['message']}; applying its fix")
         session.run_install(*cells.shadowed_bindings_fix(python, shadowed), external=True)

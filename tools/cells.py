@@ -85,25 +85,20 @@ class Step:
     listing: str = ""
 
 
-# Run with the cell's interpreter (speccompat is installed there): the stale CUDA wheels
-# ``python -m speccompat doctor`` reports, as JSON (null when there are none).
-STALE_CUDA_CHECK = (
+# Run with the cell's interpreter (speccompat is installed there): what ``python -m speccompat
+# doctor`` reports of the environment, as JSON: the stale CUDA wheels and the shadowed
+# cuda-bindings (each null when there are none), from one read of the installed metadata.
+ENVIRONMENT_CHECK = (
     "import json\n"
-    "from speccompat.cuda_wheels import stale_cuda_wheels\n"
-    "found = stale_cuda_wheels()\n"
-    "print(json.dumps(None if found is None else {'stale': list(found.stale), "
-    "'reinstall': list(found.reinstall), 'torchcodec': found.torchcodec, "
-    "'message': found.message}))\n"
-)
-
-
-# doctor's other environment check: cuda-python of old written over cuda-bindings.
-SHADOWED_BINDINGS_CHECK = (
-    "import json\n"
-    "from speccompat.cuda_wheels import shadowed_cuda_bindings\n"
-    "found = shadowed_cuda_bindings()\n"
-    "print(json.dumps(None if found is None else {'bindings': found.bindings, "
-    "'message': found.message}))\n"
+    "from importlib import metadata\n"
+    "from speccompat.cuda_wheels import shadowed_cuda_bindings, stale_cuda_wheels\n"
+    "installed = list(metadata.distributions())\n"
+    "stale = stale_cuda_wheels(installed)\n"
+    "shadowed = shadowed_cuda_bindings(installed)\n"
+    "print(json.dumps({'stale': None if stale is None else {'stale': list(stale.stale), "
+    "'reinstall': list(stale.reinstall), 'torchcodec': stale.torchcodec, "
+    "'message': stale.message}, 'shadowed': None if shadowed is None else "
+    "{'bindings': shadowed.bindings, 'message': shadowed.message}}))\n"
 )
 
 

@@ -33,8 +33,9 @@ def doctor(as_json: bool) -> int:
     """Apply in this process and print what happened; 0 only when all is well."""
     env = detect(device=True)
     # Read from metadata before anything imports vLLM, which these wheels can break.
-    stale = stale_cuda_wheels()
-    shadowed = shadowed_cuda_bindings()
+    installed = list(metadata.distributions())
+    stale = stale_cuda_wheels(installed)
+    shadowed = shadowed_cuda_bindings(installed)
     in_process = [a for a in registry.catalogue() if a.path is ExtractionPath.IN_PROCESS]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -72,13 +72,19 @@ def _required(requires: Iterable[str] | None, extras: set[str]) -> dict[str, set
     return names
 
 
+def _by_name(
+        distributions: Iterable[metadata.Distribution] | None,
+) -> dict[str, metadata.Distribution]:
+    """The installed distributions (or ``distributions``) by canonical name."""
+    found = metadata.distributions() if distributions is None else distributions
+    return {canonicalize_name(d.metadata["Name"] or ""): d for d in found}
+
+
 def stale_cuda_wheels(
         distributions: Iterable[metadata.Distribution] | None = None) -> StaleCudaWheels | None:
     """The CUDA-major wheels that nothing else installed requires, directly or through
     another wheel that is needed, beside an installed torch; None when there are none."""
-    found = list(metadata.distributions() if distributions is None else distributions)
-    by_name: dict[str, metadata.Distribution] = {
-        canonicalize_name(d.metadata["Name"] or ""): d for d in found}
+    by_name = _by_name(distributions)
     torch = by_name.get("torch")
     if torch is None:
         return None
@@ -145,9 +151,7 @@ def shadowed_cuda_bindings(
 ) -> ShadowedCudaBindings | None:
     """Whether ``cuda/bindings`` on disk is cuda-python's rather than cuda-bindings' (both
     installed, both recording the file, the file matching cuda-bindings' hash no more)."""
-    found = list(metadata.distributions() if distributions is None else distributions)
-    by_name: dict[str, metadata.Distribution] = {
-        canonicalize_name(d.metadata["Name"] or ""): d for d in found}
+    by_name = _by_name(distributions)
     bindings, python = by_name.get("cuda-bindings"), by_name.get("cuda-python")
     if bindings is None or python is None:
         return None

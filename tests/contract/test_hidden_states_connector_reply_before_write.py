@@ -23,6 +23,7 @@ import server
 from speccompat.adapters.hidden_states_connector_reply_before_write import (
     ID,
     REPLY,
+    THREAD_WRITE,
     _probe,
     lock_is_held,
 )
@@ -62,7 +63,7 @@ def test_raw_the_reply_names_a_file_not_yet_written(setup: Any) -> None:
     assert (delay, params) == (True, {"hidden_states_path": path})
     assert "req-1" in connector._pending_saves and not Path(path).exists()
     source = module_source(drive.CONNECTOR) or ""
-    assert REPLY in source and "self._executor.submit(" in source
+    assert REPLY in source and THREAD_WRITE in source
 
 
 def _replies(srv: server.Server, prompts: list[list[int]]) -> list[tuple[bool, bool, Path]]:
