@@ -21,12 +21,22 @@ Dynamo into a recursion on the H200).
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .patching import Patcher
 
 AUX_LAYERS = "aux_hidden_state_layers"
 # Set on the decoder stack where id 0 was asked for.
 SERVES_ID_0 = "speccompat_serves_id_0"
+# The stack's own forward, kept on its class once wrapped. The wrapper finds it there, not
+# in its closure: vLLM's AOT compile cache (torch's aot_compile) pickles the compiled
+# forward's closure, a function by its name, and the name ``forward`` now gives the
+# wrapper, so the cache was never saved ("it's not the same object"; seen on vLLM 0.32.0,
+# CUDA and CPU). A class pickles by its name.
+UPSTREAM_FORWARD = "speccompat_upstream_forward"
 
 
 def final_state_tap() -> Any:
@@ -79,25 +89,34 @@ def setter_serving(*, first_id: bool, final_id: bool) -> Callable[[Callable[...,
     return wrap
 
 
-def with_first_id(get_pp_group: Callable[[], Any]) -> Callable[[Callable[..., Any]],
-                                                                Callable[..., Any]]:
-    """A wrapper for a stack's ``forward(input_ids, positions, intermediate_tensors,
+def serve_first_id(patcher: Patcher, stack: type, get_pp_group: Callable[[], Any]) -> None:
+    """Wrap ``stack.forward`` with :func:`with_first_id`; its own forward stays on the class
+    as ``UPSTREAM_FORWARD``, where the wrapper finds it."""
+    patcher.add(stack, UPSTREAM_FORWARD, inspect.getattr_static(stack, "forward"))
+    patcher.wrap(stack, "forward", with_first_id(get_pp_group, stack))
+
+
+def with_first_id(get_pp_group: Callable[[], Any], stack: type) -> Callable[
+        [Callable[..., Any]], Callable[..., Any]]:
+    """A wrapper for ``stack``'s ``forward(input_ids, positions, intermediate_tensors,
     inputs_embeds, ...)`` that serves id 0 where :func:`hide_first_id` flagged it;
-    ``get_pp_group`` is the model module's own."""
+    ``get_pp_group`` is the model module's own. It calls the forward it replaced through
+    ``stack.UPSTREAM_FORWARD`` (see :func:`serve_first_id`), not through its closure."""
     def wrap(forward: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(forward)
         def forward_with_id_0(self: Any, input_ids: Any, positions: Any,
                               intermediate_tensors: Any = None, inputs_embeds: Any = None,
                               *args: Any, **kwargs: Any) -> Any:
+            upstream = getattr(stack, UPSTREAM_FORWARD)
             if not getattr(self, SERVES_ID_0, False) or not get_pp_group().is_first_rank:
-                return forward(self, input_ids, positions, intermediate_tensors,
-                               inputs_embeds, *args, **kwargs)
+                return upstream(self, input_ids, positions, intermediate_tensors,
+                                inputs_embeds, *args, **kwargs)
             if inputs_embeds is None:
                 inputs_embeds = self.embed_input_ids(input_ids)
             # A copy: the first layer's in-place norms must not reach the captured state.
             first_state = inputs_embeds.clone()
-            output = forward(self, input_ids, positions, intermediate_tensors, inputs_embeds,
-                             *args, **kwargs)
+            output = upstream(self, input_ids, positions, intermediate_tensors, inputs_embeds,
+                              *args, **kwargs)
             if isinstance(output, tuple):
                 hidden_states, captured = output
                 return hidden_states, [first_state, *captured]

@@ -103,3 +103,35 @@ def test_the_loop_gets_the_ids_without_0_and_a_flag(ids: list[int]) -> None:
         assert getattr(holder.model, SERVES_ID_0) is (0 in ids)
     finally:
         speccompat.revert()
+
+
+@applies
+def test_the_wrapped_forward_pickles_as_the_aot_compile_cache_does() -> None:
+    """vLLM's AOT compile cache (torch's ``aot_compile``) saves the compiled forward with its
+    closure, each function in it by name. Seen on 0.32.0 (CUDA and CPU): with the forward
+    the adapter replaced in the wrapper's closure, ``DeepseekV2Model.forward`` by name was
+    the wrapper, "Can't pickle ...: it's not the same object", and no cache was saved. The
+    wrapper now keeps only names that resolve to themselves; revert restores the class."""
+    import pickle
+
+    from vllm.model_executor.models import deepseek_v2
+
+    import speccompat
+    from speccompat.aux_edges import UPSTREAM_FORWARD
+    from speccompat.record import ExtractionPath
+
+    stack = deepseek_v2.DeepseekV2Model
+    own_forward = stack.forward
+    report = speccompat.apply(only=[ID], paths=(ExtractionPath.SERVER,), judge_support=False)
+    try:
+        assert report.state_of(ID) is speccompat.State.APPLIED
+        wrapper = stack.forward
+        assert wrapper is not own_forward and getattr(stack, UPSTREAM_FORWARD) is own_forward
+        closure = [cell.cell_contents for cell in wrapper.__closure__ or ()]
+        assert own_forward not in closure
+        assert pickle.loads(pickle.dumps(closure)) == closure
+        with pytest.raises(pickle.PicklingError, match="not the same object"):
+            pickle.dumps(own_forward)  # why it must stay out of the closure
+    finally:
+        speccompat.revert()
+    assert stack.forward is own_forward and not hasattr(stack, UPSTREAM_FORWARD)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from ..aux_edges import AUX_LAYERS, setter_serving, with_first_id
+from ..aux_edges import AUX_LAYERS, serve_first_id, setter_serving
 from ..patching import Patcher
 from ..record import Adapter, ExtractionPath, Side
 from ..targets import module_source, source_def
@@ -56,7 +56,7 @@ def _patch(patcher: Patcher) -> None:
     def on_deepseek(module: ModuleType) -> None:
         patcher.wrap(getattr(module, CAUSAL_LM), SETTER,
                      setter_serving(first_id=True, final_id=False))
-        patcher.wrap(getattr(module, MODEL), "forward", with_first_id(module.get_pp_group))
+        serve_first_id(patcher, getattr(module, MODEL), module.get_pp_group)
 
     patcher.on_import(DEEPSEEK, on_deepseek)
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from types import ModuleType
 
-from ..aux_edges import AUX_LAYERS, setter_serving, with_first_id
+from ..aux_edges import AUX_LAYERS, serve_first_id, setter_serving
 from ..patching import Patcher
 from ..record import Adapter, ExtractionPath, Side
 from ..targets import module_source, source_def
@@ -80,8 +80,7 @@ def _patch(patcher: Patcher) -> None:
             patcher.wrap(getattr(module, causal_lm), SETTER,
                          setter_serving(first_id=True, final_id=True))
             if stack is not None:
-                patcher.wrap(getattr(module, stack), "forward",
-                             with_first_id(module.get_pp_group))
+                serve_first_id(patcher, getattr(module, stack), module.get_pp_group)
 
         return on_module
 
