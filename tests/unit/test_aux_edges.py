@@ -1,0 +1,47 @@
+"""aux_edges.serve_first_id on a stand-in decoder stack (no torch): id 0 in front of the
+captured states, and a closure that pickles by name as torch's AOT compile cache does."""
+
+from __future__ import annotations
+
+import pickle
+from types import SimpleNamespace
+from typing import Any
+
+from speccompat.aux_edges import SERVES_ID_0, UPSTREAM_FORWARD, serve_first_id
+from speccompat.patching import Patcher
+
+
+class Embeddings(list[str]):
+    def clone(self) -> Embeddings:
+        return Embeddings(self)
+
+
+class Stack:
+    def embed_input_ids(self, input_ids: list[int]) -> Embeddings:
+        return Embeddings(f"e{i}" for i in input_ids)
+
+    def forward(self, input_ids: Any, positions: Any, intermediate_tensors: Any = None,
+                inputs_embeds: Any = None) -> tuple[str, list[str]]:
+        return "out", ["layer 1", f"embeds given: {inputs_embeds is not None}"]
+
+
+def only_rank() -> SimpleNamespace:
+    return SimpleNamespace(is_first_rank=True, is_last_rank=True)
+
+
+def test_id_0_comes_first_and_the_closure_pickles_by_name() -> None:
+    own_forward = Stack.forward
+    patcher = Patcher("t.first_id")
+    serve_first_id(patcher, Stack, only_rank)
+    try:
+        stack = Stack()
+        assert stack.forward([1], None) == ("out", ["layer 1", "embeds given: False"])
+        setattr(stack, SERVES_ID_0, True)
+        assert stack.forward([1, 2], None) == ("out", [["e1", "e2"], "layer 1",
+                                                       "embeds given: True"])
+        closure = [cell.cell_contents for cell in Stack.forward.__closure__ or ()]
+        assert own_forward not in closure
+        assert pickle.loads(pickle.dumps(closure)) == closure
+    finally:
+        patcher.revert()
+    assert Stack.forward is own_forward and not hasattr(Stack, UPSTREAM_FORWARD)
