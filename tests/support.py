@@ -285,6 +285,32 @@ def fresh_shm_pool() -> Iterator[None]:
         shm._POOL = None
 
 
+def extract_engine_config(model: Path, **engine_args: Any) -> Any:
+    """The VllmConfig ``vllm serve MODEL --speculative-config '{"method":
+    "extract_hidden_states", ...}'`` builds (aux ids [1, 4]; ``engine_args`` add to it), built
+    with speccompat's plugin off (``SPECCOMPAT_DISABLE``) so this process stays raw."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    from speccompat import registry
+
+    before = os.environ.get(registry.DISABLE_ENV)
+    os.environ[registry.DISABLE_ENV] = "1"
+    try:
+        return EngineArgs(
+            model=str(model), max_model_len=256, enforce_eager=True,
+            speculative_config={
+                "method": "extract_hidden_states", "num_speculative_tokens": 1,
+                "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [1, 4]}},
+            },
+            **engine_args,
+        ).create_engine_config()
+    finally:
+        if before is None:
+            os.environ.pop(registry.DISABLE_ENV, None)
+        else:
+            os.environ[registry.DISABLE_ENV] = before
+
+
 @contextlib.contextmanager
 def only(*adapter_ids: str) -> Iterator[None]:
     """Exactly these adapters applied for the block; the ids must exist in the catalogue."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 import copy
 import importlib
 import importlib.util
-import os
 import pickle
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,7 +39,7 @@ from speccompat.adapters.hs_connectors_internals_missing import (
 from speccompat.errors import UnsupportedConnectorError
 from speccompat.record import ExtractionPath
 from speccompat.targets import module_source, source_def
-from support import needs_adapter, requires_vllm, vllm_in
+from support import extract_engine_config, needs_adapter, requires_vllm, vllm_in
 
 pytestmark = requires_vllm
 applies = needs_adapter(ID, "vLLM 0.22.0+ has what hs-connectors uses; before 0.17.0 no "
@@ -66,24 +65,8 @@ def engine_config(tiny_llama: Path) -> Any:
     """The VllmConfig ``vllm serve --speculative-config '{"method": "extract_hidden_states",
     ...}'`` builds, with the stock connector; built with speccompat's plugin off so this
     process stays raw (the tests apply the adapter themselves)."""
-    from vllm.engine.arg_utils import EngineArgs
-
-    before = os.environ.get(registry.DISABLE_ENV)
-    os.environ[registry.DISABLE_ENV] = "1"
-    try:
-        config = EngineArgs(
-            model=str(tiny_llama), max_model_len=256, enforce_eager=True,
-            speculative_config={
-                "method": "extract_hidden_states", "num_speculative_tokens": 1,
-                "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [1, 4]}},
-            },
-            kv_transfer_config={"kv_connector": STOCK[0], "kv_role": "kv_producer"},
-        ).create_engine_config()
-    finally:
-        if before is None:
-            os.environ.pop(registry.DISABLE_ENV, None)
-        else:
-            os.environ[registry.DISABLE_ENV] = before
+    config = extract_engine_config(
+        tiny_llama, kv_transfer_config={"kv_connector": STOCK[0], "kv_role": "kv_producer"})
     assert ID not in registry.active(), "the plugin applied server-path adapters here"
     return config
 

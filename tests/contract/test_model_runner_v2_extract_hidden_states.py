@@ -18,15 +18,13 @@ speculator from 0.29 from the source, so contract-only cells check those too.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from speccompat import registry
 from speccompat.targets import module_source, source_def
-from support import requires_vllm, vllm_in
+from support import extract_engine_config, requires_vllm, vllm_in
 
 pytestmark = requires_vllm
 METHOD = "speculative method 'extract_hidden_states'"
@@ -35,23 +33,7 @@ V2_SPECULATORS = "vllm.v1.worker.gpu.spec_decode"
 
 @pytest.fixture(scope="module")
 def engine_config(tiny_llama: Path) -> Any:
-    from vllm.engine.arg_utils import EngineArgs
-
-    before = os.environ.get(registry.DISABLE_ENV)
-    os.environ[registry.DISABLE_ENV] = "1"
-    try:
-        return EngineArgs(
-            model=str(tiny_llama), max_model_len=256, enforce_eager=True,
-            speculative_config={
-                "method": "extract_hidden_states", "num_speculative_tokens": 1,
-                "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [1, 4]}},
-            },
-        ).create_engine_config()
-    finally:
-        if before is None:
-            os.environ.pop(registry.DISABLE_ENV, None)
-        else:
-            os.environ[registry.DISABLE_ENV] = before
+    return extract_engine_config(tiny_llama)
 
 
 @vllm_in(">=0.17.0,<0.20.0", "extract_hidden_states came with vLLM 0.17.0; 0.20.0 adds "
