@@ -293,9 +293,8 @@ def extract_engine_config(model: Path, **engine_args: Any) -> Any:
 
     from speccompat import registry
 
-    before = os.environ.get(registry.DISABLE_ENV)
-    os.environ[registry.DISABLE_ENV] = "1"
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(registry.DISABLE_ENV, "1")
         return EngineArgs(
             model=str(model), max_model_len=256, enforce_eager=True,
             speculative_config={
@@ -304,11 +303,6 @@ def extract_engine_config(model: Path, **engine_args: Any) -> Any:
             },
             **engine_args,
         ).create_engine_config()
-    finally:
-        if before is None:
-            os.environ.pop(registry.DISABLE_ENV, None)
-        else:
-            os.environ[registry.DISABLE_ENV] = before
 
 
 @contextlib.contextmanager
