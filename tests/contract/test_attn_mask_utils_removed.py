@@ -1,4 +1,5 @@
-"""transformers 5.24 drops modeling_attn_mask_utils; speculators' package import needs it."""
+"""transformers 5.24.x lacks modeling_attn_mask_utils (5.25.0 ships it again); speculators'
+package import needs it."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from speccompat.adapters.attn_mask_utils_removed import ID, REMOVED
 from support import needs_adapter, requires_speculators, requires_vllm, run_python
 
 pytestmark = [requires_vllm, requires_speculators]
-applies = needs_adapter(ID, "transformers here still has the module")
+applies = needs_adapter(
+    ID, "transformers here has the module (before 5.24.0, and again from 5.25.0)")
 
 IMPORT = (
     "import os\n"
@@ -32,14 +34,14 @@ def run(exclude: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
     return run_python("-c", IMPORT.format(exclude=exclude))
 
 
-def test_raw_module_exists_only_before_transformers_5_24() -> None:
+def test_raw_module_missing_only_from_transformers_5_24() -> None:
     import importlib.util
 
     import transformers
     from packaging.version import Version
 
     exists = importlib.util.find_spec(REMOVED) is not None
-    assert exists is (Version(transformers.__version__) < Version("5.24.0"))
+    assert exists is not (Version(transformers.__version__).release[:2] == (5, 24))
 
 
 @applies

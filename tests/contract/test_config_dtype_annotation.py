@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 import speccompat
-from speccompat.adapters.attn_mask_utils_removed import ID as MASK_ID  # transformers >= 5.24
+from speccompat.adapters.attn_mask_utils_removed import ID as MASK_ID  # transformers 5.24.x
 from speccompat.adapters.config_dtype_annotation import ADAPTER, ID
 from speccompat.patching import patched_by
 from speccompat.targets import module_source
@@ -31,7 +31,7 @@ import json, sys
 import speccompat
 
 mode = sys.argv[1]
-if mode == "raw":  # transformers >= 5.24 also lacks a module; that has its own adapter
+if mode == "raw":  # transformers 5.24.x also lacks a module; that has its own adapter
     speccompat.apply(only=["transformers.attn_mask_utils_removed"], strict=False)
 elif mode == "apply":
     speccompat.apply()
@@ -140,7 +140,7 @@ def test_vllm_workers_get_it_before_the_worker_extension() -> None:
 
 @pytest.mark.usefixtures("transformers5")
 def test_revert_restores_reload_schema() -> None:
-    # Under transformers >= 5.24 speculators imports only with the stand-in as well.
+    # Under transformers 5.24.x speculators imports only with the stand-in as well.
     stand_in = [MASK_ID] if module_source("transformers.modeling_attn_mask_utils") is None else []
     with only(ID, *stand_in):
         from speculators.utils import pydantic_utils
@@ -180,9 +180,10 @@ def test_selected_by_the_installed_transformers() -> None:
     env = speccompat.detect()
     assert env.transformers is not None
     installed = env.transformers.version
-    for adapter_id, first in ((ID, "5.4.0"), (MASK_ID, "5.24.0")):
+    for adapter_id, first, last in ((ID, "5.4.0", None), (MASK_ID, "5.24.0", "5.25.0")):
         line = states[adapter_id]
-        expected = "applied" if installed >= Version(first) else "not needed"
+        wanted = installed >= Version(first) and (last is None or installed < Version(last))
+        expected = "applied" if wanted else "not needed"
         assert line["state"] == expected, line
         assert line["reason"].startswith(f"transformers {installed} is "), line
 
