@@ -35,8 +35,8 @@ def _prepare_4d_causal_attention_mask(*args: Any, **kwargs: Any) -> Any:
     raise RemovedUpstreamError(
         f"{REMOVED}._prepare_4d_causal_attention_mask was removed in transformers 5.24.x; "
         "speccompat only lets speculators import (hidden-state extraction does not use it). "
-        "To train speculators' EAGLE (v1) model, install a transformers other than 5.24.x "
-        "(5.25.0 has the module again).")
+        "To train speculators' EAGLE (v1) model, install transformers<5.24 or >=5.25 "
+        "(pip install 'transformers!=5.24.*'; 5.25.0 has the module again).")
 
 
 def stand_in() -> ModuleType:
