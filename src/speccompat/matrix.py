@@ -64,7 +64,14 @@ NEWEST_TRANSFORMERS_4 = "4.57.6"  # what every vLLM up to 0.19.0 resolves
 TRANSFORMERS_VARIANTS: dict[str, str] = {"0.3.0": NEWEST_TRANSFORMERS_4, "0.4.0": "5"}
 # The newest transformers release a cell was proven with: a newer one is reported by
 # ``doctor`` (adapters whose probes confirm the upstream shape still apply).
-NEWEST_TRANSFORMERS_PROVEN = "5.24.0"
+NEWEST_TRANSFORMERS_PROVEN = "5.25.0"
+# Cells pinned to a transformers release that an adapter is for but the resolver no longer
+# gives (a newer release undid the break), so the adapter keeps a cell that selects it.
+PINNED_TRANSFORMERS_CELLS: dict[tuple[str, str, str], str] = {
+    ("0.22.0", "0.3.0", "5.24.0"): "transformers 5.24.x lacks modeling_attn_mask_utils (5.25.0 "
+                                   "ships it again): speculators imports through the stand-in "
+                                   "(transformers.attn_mask_utils_removed)",
+}
 
 # The CI subset, as (vLLM, speculators, transformers variant or ""): for the in-process
 # generator the oldest release (its transformers 4 variant: the default there cannot start
@@ -175,6 +182,8 @@ def _cells() -> tuple[Cell, ...]:
             if v in BOTH_TRANSFORMERS_MAJORS:
                 variant = TRANSFORMERS_VARIANTS[s]
                 cells.append(Cell(v, s, ci=(v, s, variant) in CI_CELLS, transformers=variant))
+    cells += [Cell(v, s, ci=(v, s, t) in CI_CELLS, note=note, transformers=t)
+              for (v, s, t), note in PINNED_TRANSFORMERS_CELLS.items()]
     server_vllm = [v for v in VLLM_RELEASES if Version(v) >= Version(FIRST_SERVER_VLLM)]
     for s in SERVER_SPECULATORS:
         cells += [Cell(v, s, ci=(v, s, "") in CI_CELLS, note=NOTES.get((v, s), ""))

@@ -34,7 +34,7 @@ def test_variants_exist_exactly_where_vllm_admits_both_majors() -> None:
     assert env.vllm is not None
     release = env.vllm.version.base_version
     specifier = _transformers_requirement().specifier
-    # 4.57.6: the variant of speculators 0.3.0 and 0.4.0's own pin; 5.24.0: the newest 5.x
-    # proven, what a resolver takes beside speculators 0.3.0.
+    # 4.57.6: the variant of speculators 0.3.0 and 0.4.0's own pin; the newest 5.x proven:
+    # what a resolver takes beside speculators 0.3.0.
     both = specifier.contains("4.57.6") and specifier.contains(matrix.NEWEST_TRANSFORMERS_PROVEN)
     assert both is (release in matrix.BOTH_TRANSFORMERS_MAJORS), (release, str(specifier))

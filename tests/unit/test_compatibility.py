@@ -227,7 +227,8 @@ def test_render_without_records_covers_the_real_matrix() -> None:
     server_vllm = [v for v in matrix.vllm_releases() if v >= matrix.FIRST_SERVER_VLLM]
     for spec in matrix.IN_PROCESS_SPECULATORS:
         variants = len(matrix.BOTH_TRANSFORMERS_MAJORS)
-        assert len(_table(text, spec)) == len(matrix.vllm_releases()) + variants
+        pinned = sum(s == spec for _, s, _ in matrix.PINNED_TRANSFORMERS_CELLS)
+        assert len(_table(text, spec)) == len(matrix.vllm_releases()) + variants + pinned
     for spec in matrix.SERVER_SPECULATORS:
         assert len(_table(text, spec)) == len(server_vllm) == 25
     assert text.index("## In-process generator") < text.index("## Server path")

@@ -7,6 +7,7 @@ from collections.abc import Callable
 import pytest
 from packaging.version import Version
 
+import speccompat
 from speccompat import Environment, matrix
 from speccompat.matrix import Cell, check
 
@@ -106,7 +107,8 @@ def test_custom_cells(env_factory: MakeEnv) -> None:
 
 
 def test_transformers_variants_where_vllm_accepts_both_majors() -> None:
-    variants = [c for c in matrix.CELLS if c.transformers]
+    variants = [c for c in matrix.CELLS if c.transformers
+                and (c.vllm, c.speculators, c.transformers) not in matrix.PINNED_TRANSFORMERS_CELLS]
     assert {c.vllm for c in variants} == matrix.BOTH_TRANSFORMERS_MAJORS
     for c in variants:
         default = next(d for d in matrix.CELLS
@@ -196,3 +198,17 @@ def test_ci_runs_two_server_cells_one_before_0_25() -> None:
 def test_check_knows_a_server_pair(env_factory: Callable[..., Environment]) -> None:
     assert matrix.check(env_factory("0.26.0", "0.9.0")).supported
     assert not matrix.check(env_factory("0.16.0", "0.9.0")).supported  # no server path
+
+
+def test_pinned_transformers_cells_keep_an_adapter_the_resolver_no_longer_selects(
+        env_factory: Callable[..., Environment]) -> None:
+    for (vllm, speculators, transformers), note in matrix.PINNED_TRANSFORMERS_CELLS.items():
+        cell = next(c for c in matrix.CELLS
+                    if (c.vllm, c.speculators, c.transformers) == (vllm, speculators, transformers))
+        assert cell.variant_pins == (f"transformers=={transformers}",) and cell.note == note
+        assert Version(transformers) < Version(matrix.NEWEST_TRANSFORMERS_PROVEN)
+        pinned = env_factory(vllm, speculators, transformers=transformers)
+        resolved = env_factory(vllm, speculators, transformers=matrix.NEWEST_TRANSFORMERS_PROVEN)
+        only_pinned = [a.id for a in speccompat.catalogue()
+                       if a.wants(pinned)[0] and not a.wants(resolved)[0]]
+        assert only_pinned, f"{cell.name} selects no adapter the resolved transformers does not"
