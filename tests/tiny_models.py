@@ -156,6 +156,27 @@ def build_llama(
     return _build_cached(path, params, make_config)
 
 
+def build_qwen3(path: Path, *, num_layers: int = 4, hidden: int = 128,
+                dtype: str = "bfloat16", seed: int = 0) -> Path:
+    """Build (or reuse) a random-weight ``Qwen3ForCausalLM`` (q/k norms, 4 heads / 2 KV
+    heads of 64): a second stack on ``EagleModelMixin`` beside Llama, for the GPU tests."""
+    params: dict[str, Any] = {"arch": "qwen3", "builder_version": BUILDER_VERSION,
+                              "num_layers": num_layers, "hidden": hidden, "dtype": dtype,
+                              "seed": seed}
+
+    def make_config() -> PretrainedConfig:
+        from transformers import Qwen3Config
+
+        return Qwen3Config(
+            vocab_size=VOCAB_SIZE, hidden_size=hidden, intermediate_size=2 * hidden,
+            num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=64, max_position_embeddings=4096, initializer_range=0.2,
+            rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=BOS_ID,
+            eos_token_id=EOS_ID, pad_token_id=PAD_ID, dtype=dtype)
+
+    return _build_cached(path, params, make_config)
+
+
 def build_deepseek_v3(
     path: Path,
     *,

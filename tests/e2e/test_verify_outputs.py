@@ -420,6 +420,39 @@ def test_safetensors_copied_layer(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert reason.startswith("layer slots 1 and 3 hold identical states for every token")
 
 
+def test_safetensors_id_0_slot_aliased(tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """What an --enforce-eager CUDA server of vLLM >= 0.18 writes without
+    vllm.eagle_mixin_capture_alias (seen on an H200 with vLLM 0.26.0): id 0's slot holds the
+    final pre-norm state, equal to the last slot in every digit."""
+    save_file = pytest.importorskip("safetensors.torch").save_file
+    data = write_safetensors_dir(tmp_path / "out")
+    states = torch.randn(6, 4, HIDDEN).to(torch.bfloat16)
+    states[:, 0] = states[:, 3]
+    save_file({"hidden_states": states, "token_ids": torch.arange(6)},
+              str(data / "hs_0.safetensors"))
+    model = write_model(tmp_path / "model", HIDDEN)
+    code, payload = verify_json(capsys, str(data), "--model", str(model))
+    assert code == 1
+    (reason,) = only_failure(payload)["reasons"]
+    assert reason.startswith("layer slot 0, the embeddings (where slot 0 is id 0), holds the "
+                             "same states as slot 3 for every token")
+    assert "--enforce-eager" in reason and "vllm.eagle_mixin_capture_alias" in reason
+
+
+def test_pt_copied_layer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The old generator's files (id k = the output of layer k: no slot is the embeddings)."""
+    data = write_pt_dir(tmp_path / "out")
+    sample = make_sample(LENGTHS[0])
+    sample["hidden_states"][0] = sample["hidden_states"][2].clone()
+    torch.save(sample, data / "data_0.pt")
+    code, payload = verify_json(capsys, str(data))
+    assert code == 1
+    (reason,) = only_failure(payload)["reasons"]
+    assert reason.startswith("layer slots 0 (id 1) and 2 (id 3) hold identical states for "
+                             "every token")
+
+
 @pytest.mark.parametrize("make", ["empty", "nonexistent"])
 def test_nothing_to_check_fails(tmp_path: Path, make: str,
                                 capsys: pytest.CaptureFixture[str]) -> None:

@@ -44,3 +44,10 @@ def deepseek_mla(models_dir: Path) -> Path:
 def deepseek_mla_llama4_scaling(models_dir: Path) -> Path:
     return build_deepseek_mla(models_dir / "dsv3-mla-l4s",
                               {"original_max_position_embeddings": 16, "beta": 0.5})
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3(models_dir: Path) -> Path:
+    import tiny_models
+
+    return tiny_models.build_qwen3(models_dir / "qwen3")

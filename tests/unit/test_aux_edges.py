@@ -45,3 +45,27 @@ def test_id_0_comes_first_and_the_closure_pickles_by_name() -> None:
     finally:
         patcher.revert()
     assert Stack.forward is own_forward and not hasattr(Stack, UPSTREAM_FORWARD)
+
+
+class StackUpdatingItsInput(Stack):
+    """DeepseekV2Model's first layer takes ``inputs_embeds`` as its residual, and on CUDA
+    vLLM's fused add-RMSNorm adds into it in place (``eagle_mixin_capture_alias`` has the
+    same case for the mixin's stacks): the captured id 0 must be a copy taken before."""
+
+    def forward(self, input_ids: Any, positions: Any, intermediate_tensors: Any = None,
+                inputs_embeds: Any = None) -> tuple[str, list[str]]:
+        inputs_embeds[:] = ["updated in place"] * len(inputs_embeds)
+        return "out", ["layer 1"]
+
+
+def test_id_0_is_a_copy_the_first_layer_cannot_reach() -> None:
+    """Guards the ``.clone()`` in ``with_first_id``: without it id 0 reads "updated in
+    place" (on CPU servers nothing updates it in place, so no server test would see it)."""
+    patcher = Patcher("t.first_id_copy")
+    serve_first_id(patcher, StackUpdatingItsInput, only_rank)
+    try:
+        stack = StackUpdatingItsInput()
+        setattr(stack, SERVES_ID_0, True)
+        assert stack.forward([1, 2], None) == ("out", [["e1", "e2"], "layer 1"])
+    finally:
+        patcher.revert()

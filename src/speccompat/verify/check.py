@@ -47,7 +47,7 @@ def verify_dir(path: Path | str, *, model: Path | None = None) -> VerifyReport:
     if any(s.format is Format.SAFETENSORS for s in samples):
         load_file = import_load_file()
     observed = [check_pt(torch, s, meta) if s.format is Format.PT
-                else check_safetensors(torch, load_file, s) for s in samples]
+                else check_safetensors(torch, load_file, s, meta.layer_ids) for s in samples]
 
     # What every file must match: recorded facts first, else what most files agree on.
     if meta.layer_ids:

@@ -177,6 +177,8 @@ def check_pt(torch: Any, sample: SampleFile, meta: Metadata) -> _Observed:
     seen.dtype = dtypes.most_common(1)[0][0]
     if len(dtypes) > 1:
         seen.reasons.append(f"layers differ in dtype: {dict(dtypes)}")
+    if matrices and len(matrices) == len(states) and all(t.is_floating_point() for t in states):
+        seen.reasons.extend(_copied_slots(torch, states, meta.layer_ids, server_ids=False))
     bad = [(i, n) for i, t in enumerate(states) if (n := _nonfinite(torch, t))]
     if bad:
         seen.reasons.append(f"non-finite values (NaN/inf) in layers {_some([i for i, _ in bad])}"
@@ -191,7 +193,8 @@ def check_pt(torch: Any, sample: SampleFile, meta: Metadata) -> _Observed:
     return seen
 
 
-def check_safetensors(torch: Any, load_file: Any, sample: SampleFile) -> _Observed:
+def check_safetensors(torch: Any, load_file: Any, sample: SampleFile,
+                      layer_ids: Sequence[int] | None = None) -> _Observed:
     seen = _Observed(sample)
     if load_file is None:
         seen.reasons.append("this format needs the safetensors package, which is not "
@@ -226,7 +229,8 @@ def check_safetensors(torch: Any, load_file: Any, sample: SampleFile) -> _Observ
         if bad:
             seen.reasons.append(f"non-finite values (NaN/inf) in layers {_some(bad)} "
                                 f"({int(per_layer.sum().item())} values)")
-        seen.reasons.extend(_zero_rows(states) + _copied_layers(torch, states))
+        seen.reasons.extend(_zero_rows(states) + _copied_slots(
+            torch, [states[:, i] for i in range(seen.layers)], layer_ids))
     mask = data.get("loss_mask")
     if mask is not None:
         length = _length(torch, mask)
@@ -251,18 +255,45 @@ def _zero_rows(states: Any) -> list[str]:
             "states nobody wrote, not a model's output"]
 
 
-def _copied_layers(torch: Any, states: Any) -> list[str]:
-    """Two layer slots equal for every token: vLLM fills the slot of an id its model cannot
-    serve with another id's state (ids beyond num_hidden_layers on vLLM 0.26)."""
-    layers = int(states.shape[1])
-    pairs = [(i, j) for i in range(layers) for j in range(i + 1, layers)
-             if torch.equal(states[:, i], states[:, j]) and bool(states[:, i].any())]
+def _copied_slots(torch: Any, slots: Sequence[Any], layer_ids: Sequence[int] | None = None,
+                  *, server_ids: bool = True) -> list[str]:
+    """Two layer slots equal for every token. Where one of them is id 0's (the server's id
+    0, the embeddings: by the recorded ids, or slot 0 where none are recorded), the
+    eager-mode aliasing of vLLM >= 0.18's EagleModelMixin on CUDA wrote a later state
+    there. Otherwise vLLM filled the slot of an id its model cannot serve with another
+    id's state (ids beyond num_hidden_layers on vLLM 0.26). ``server_ids=False``: the old
+    generator's ids (id k = the output of layer k), where no slot is the embeddings."""
+    count = len(slots)
+    pairs = [(i, j) for i in range(count) for j in range(i + 1, count)
+             if slots[i].shape == slots[j].shape and torch.equal(slots[i], slots[j])
+             and bool(slots[i].any())]
     if not pairs:
         return []
-    listed = ", ".join(f"{i} and {j}" for i, j in pairs)
-    return [f"layer slots {listed} hold identical states for every token: one of each pair "
+    recorded = layer_ids is not None and len(layer_ids) == count
+    named = ([f"{i} (id {layer_ids[i]})" for i in range(count)] if layer_ids and recorded
+             else [str(i) for i in range(count)])
+    embeddings: int | None = None
+    if server_ids:
+        embeddings = (0 if not recorded else
+                      list(layer_ids or ()).index(0) if 0 in (layer_ids or ()) else None)
+    reasons = []
+    aliased = [j for i, j in pairs if i == embeddings]
+    if embeddings is not None and aliased:
+        where = "" if recorded else " (where slot 0 is id 0)"
+        reasons.append(
+            f"layer slot {named[embeddings]}, the embeddings{where}, holds the same states "
+            f"as slot{'s' if len(aliased) > 1 else ''} {', '.join(named[j] for j in aliased)} "
+            "for every token: an --enforce-eager CUDA server of vLLM >= 0.18 overwrites id 0 "
+            "in place with a later layer's state; regenerate with speccompat installed in "
+            "the server's environment (adapter vllm.eagle_mixin_capture_alias)")
+    rest = [(i, j) for i, j in pairs if i != embeddings]
+    if rest:
+        listed = ", ".join(f"{named[i]} and {named[j]}" for i, j in rest)
+        reasons.append(
+            f"layer slots {listed} hold identical states for every token: one of each pair "
             "is most likely a layer id the model could not serve (vLLM copies another id's "
-            "state there; speccompat's vllm.extract_hidden_states_layer_ids refuses such ids)"]
+            "state there; speccompat's vllm.extract_hidden_states_layer_ids refuses such ids)")
+    return reasons
 
 
 def import_torch() -> Any:
