@@ -42,11 +42,13 @@ def releases(name: str = "vllm") -> list[Version]:
 
 def wheel_url(version: str, name: str = "vllm") -> str:
     dist = name.replace("-", "_")
-    for link in re.findall(r'href="([^"#]+)', _index(name)):
-        file = link.rsplit("/", 1)[-1]
-        if file.startswith(f"{dist}-{version}-") and "x86_64" in file and file.endswith(".whl"):
+    wheels = [link for link in re.findall(r'href="([^"#]+)', _index(name))
+              if link.rsplit("/", 1)[-1].startswith(f"{dist}-{version}-")
+              and link.endswith(".whl")]
+    for link in wheels:  # an x86_64 build where the release has several, else a pure wheel
+        if "x86_64" in link or link.endswith("-none-any.whl"):
             return str(link)
-    raise SystemExit(f"no x86_64 wheel of {name} {version} on the index")
+    raise SystemExit(f"no x86_64 or pure-Python wheel of {name} {version} on the index")
 
 
 def _range(url: str, start: int, end: int) -> bytes:
