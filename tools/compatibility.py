@@ -25,6 +25,8 @@ from typing import Any, Protocol
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / ".matrix" / "results"
 OUTPUT = ROOT / "docs" / "compatibility.md"
+# Each cell's recorded outcome, shipped for `python -m speccompat matrix` (package data).
+OUTCOMES = ROOT / "src" / "speccompat" / "cell_outcomes.json"
 SCHEMA = 1
 
 # A stage's outcome: every collected test passed or was skipped, at least one passed; some
@@ -472,10 +474,24 @@ PATHS = (
 )
 
 
+def outcomes_json(cells: Sequence[CellLike], records: Mapping[Key, Mapping[str, Any]]) -> str:
+    """Each cell's recorded outcome and date ("not run" without a record), keyed as
+    ``speccompat.matrix.outcome_key`` reads them."""
+    rows = {}
+    for cell in cells:
+        record = records.get(cell_key(cell)) or {}
+        rows["|".join(cell_key(cell))] = {"outcome": str(record.get("outcome", NOT_RUN)),
+                                          "date": str(record.get("date", ""))[:10]}
+    lines = [f"{json.dumps(key)}: {json.dumps(row, sort_keys=True)}"
+             for key, row in sorted(rows.items())]
+    return "{\n" + ",\n".join(lines) + "\n}\n"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--output", type=Path, default=OUTPUT)
+    parser.add_argument("--outcomes", type=Path, default=OUTCOMES)
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT / "src"))
     from speccompat import matrix
@@ -489,6 +505,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = render(matrix.CELLS, records)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(text)
+    args.outcomes.write_text(outcomes_json(matrix.CELLS, records))
     print(f"compatibility: wrote {_relative(args.output)} from {len(records) - len(extra)} "
           f"record(s) in {_relative(args.results)}")
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import sys
 import warnings
 from collections.abc import Sequence
@@ -13,9 +14,11 @@ from pathlib import Path
 
 from . import matrix, registry, verify
 from .cuda_wheels import shadowed_cuda_bindings, stale_cuda_wheels
-from .outcomes import State
+from .imports import import_failures
+from .outcomes import Outcome, State
 from .record import Adapter, ExtractionPath
-from .versions import detect
+from .registry import WILL_APPLY_IN_SERVE
+from .versions import Environment, detect
 
 # 128 + SIGPIPE, what a shell reports for a command whose reader went away (`... | head`).
 EXIT_CLOSED_PIPE = 141
@@ -29,13 +32,15 @@ exit codes:
 """
 
 
-def doctor(as_json: bool) -> int:
+def doctor(as_json: bool, show_all: bool = False) -> int:
     """Apply in this process and print what happened; 0 only when all is well."""
     env = detect(device=True)
     # Read from metadata before anything imports vLLM, which these wheels can break.
     installed = list(metadata.distributions())
     stale = stale_cuda_wheels(installed)
     shadowed = shadowed_cuda_bindings(installed)
+    failures = import_failures(tuple(name for name, package in (
+        ("vllm", env.vllm), ("speculators", env.speculators)) if package is not None))
     in_process = [a for a in registry.catalogue() if a.path is ExtractionPath.IN_PROCESS]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -44,42 +49,115 @@ def doctor(as_json: bool) -> int:
     ok = report.ok and not any(o.state in (State.FAILED, State.UNSUPPORTED)
                                for o in server_path)
     ok = ok and not (stale is not None and stale.torchcodec) and shadowed is None
+    ok = ok and not failures
     if as_json:
         payload = report.as_dict()
         payload["ok"] = ok
         payload["stale_cuda_wheels"] = stale.message if stale is not None else None
         payload["shadowed_cuda_bindings"] = shadowed.message if shadowed is not None else None
+        payload["import_failures"] = [f.as_dict() for f in failures]
         payload["server_path"] = [o.as_dict() for o in server_path]
         payload["warnings"] = [str(w.message) for w in caught]
+        payload["summary"] = summary(env)
         print(json.dumps(payload, indent=2))
-    else:
-        print(report)
-        print("server path (vllm serve with extract_hidden_states; applied by the plugin):")
-        width = max((len(o.adapter) for o in server_path), default=0)
-        for o in server_path:
-            print(f"  {o.adapter:<{width}}  {o.state.value:<11}  {o.reason}")
-        for w in caught:
-            print(f"warning: {w.message}")
-        if stale is not None:
-            print(f"environment: {stale.message}")
-        if shadowed is not None:
-            print(f"environment: {shadowed.message}")
-        print("OK" if ok else "NOT OK: see the lines above")
+        return 0 if ok else 1
+    print(env.describe())
+    print(report.support.message)
+    print("in-process path (speculators 0.3/0.4's generator after speccompat.apply()):")
+    _print_outcomes(report.outcomes, show_all, env.vllm is None)
+    print("server path (vllm serve with extract_hidden_states; applied by the plugin):")
+    _print_outcomes(server_path, show_all, env.vllm is None)
+    for w in caught:
+        print(f"warning: {w.message}")
+    for failure in failures:
+        print(f"environment: {failure.message}")
+    if stale is not None:
+        print(f"environment: {stale.message}")
+    if shadowed is not None:
+        print(f"environment: {shadowed.message}")
+    print("OK" if ok else "NOT OK: see the lines above")
+    print("\nFor a bug report:")
+    print("\n".join(f"  {key}: {value}" for key, value in summary(env).items()))
     return 0 if ok else 1
 
 
-def show_matrix(as_json: bool) -> int:
-    cells = [{"vllm": c.vllm, "speculators": c.speculators, "path": c.path,
-              "transformers": c.transformers or "resolved", "ci": c.ci, "install": c.wheel,
-              "note": c.note} for c in matrix.CELLS]
-    if as_json:
-        print(json.dumps(cells, indent=2))
-        return 0
-    print(f"{'vLLM':<10} {'speculators':<12} {'path':<11} {'transformers':<13} {'CI':<4} note")
+# Short by default: what applies, what will apply in vllm serve, and what went wrong.
+_SHOWN = (State.APPLIED, State.FAILED, State.UNSUPPORTED)
+
+
+def _label(outcome: Outcome) -> str:
+    if outcome.state is State.SKIPPED and outcome.reason.endswith(WILL_APPLY_IN_SERVE):
+        return "applies in vllm serve"
+    return outcome.state.value
+
+
+def _print_outcomes(outcomes: Sequence[Outcome], show_all: bool, no_vllm: bool) -> None:
+    if no_vllm and not show_all:
+        print("  none can be selected: vLLM is not installed")
+        return
+    shown = [o for o in outcomes
+             if show_all or o.state in _SHOWN or _label(o) != o.state.value]
+    width = max((len(o.adapter) for o in shown), default=0)
+    labels = max((len(_label(o)) for o in shown), default=0)
+    for o in shown:
+        print(f"  {o.adapter:<{width}}  {_label(o):<{labels}}  "
+              f"{o.reason.removesuffix(WILL_APPLY_IN_SERVE)}")
+    hidden = len(outcomes) - len(shown)
+    more = f"{hidden} not needed or skipped here: doctor --all lists them"
+    if hidden and shown:
+        print(f"  ({more.replace(' not', ' more not', 1)})")
+    elif hidden:
+        print(f"  none applies ({more})")
+    elif not shown:
+        print("  none")
+
+
+def summary(env: Environment) -> dict[str, str]:
+    """The environment in the shape of vLLM's collect-env, to paste into a bug report."""
+    def version(distribution: str) -> str:
+        try:
+            return metadata.version(distribution)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    vllm = (f"{env.vllm.raw} ({env.vllm.distribution})" if env.vllm is not None
+            else "not installed")
+    device = env.platform or "unknown"
+    if env.compute_capability:
+        device += f" (compute capability {env.compute_capability[0]}.{env.compute_capability[1]})"
+    return {
+        "speccompat": version("speccompat"),
+        "python": f"{env.python} ({platform.system()} {platform.machine()})",
+        "vllm": vllm,
+        "speculators": version("speculators"),
+        "torch": version("torch"),
+        "transformers": version("transformers"),
+        "triton": version("triton"),
+        "device": device,
+        "SPECCOMPAT_DISABLE": os.environ.get("SPECCOMPAT_DISABLE", "unset"),
+        "SPECCOMPAT_SKIP": os.environ.get("SPECCOMPAT_SKIP", "unset"),
+    }
+
+
+def show_matrix(as_json: bool, vllm: str | None = None, speculators: str | None = None) -> int:
+    outcomes = matrix.recorded_outcomes()
+    rows = []
     for c in matrix.CELLS:
-        transformers = c.transformers or "resolved"
-        print(f"{c.vllm:<10} {c.speculators:<12} {c.path:<11} {transformers:<13} "
-              f"{'yes' if c.ci else '':<4} {c.note}")
+        if vllm not in (None, c.vllm) or speculators not in (None, c.speculators):
+            continue
+        recorded = outcomes.get(matrix.outcome_key(c), {"outcome": "not run", "date": ""})
+        rows.append({"vllm": c.vllm, "speculators": c.speculators, "path": c.path,
+                     "transformers": c.transformers or "resolved", "outcome": recorded["outcome"],
+                     "recorded": recorded["date"], "ci": c.ci, "install": c.wheel,
+                     "note": c.note})
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"{'vLLM':<10} {'speculators':<12} {'path':<11} {'transformers':<13} "
+          f"{'outcome':<14} {'CI':<4} note")
+    for r in rows:
+        print(f"{r['vllm']:<10} {r['speculators']:<12} {r['path']:<11} {r['transformers']:<13} "
+              f"{r['outcome']:<14} {'yes' if r['ci'] else '':<4} {r['note']}")
     return 0
 
 
@@ -140,18 +218,24 @@ def parser() -> argparse.ArgumentParser:
     formatter = argparse.RawDescriptionHelpFormatter
     root = argparse.ArgumentParser(prog="speccompat", description=__doc__, epilog=EXIT_CODES,
                                    formatter_class=formatter)
-    root.add_argument("--version", action="version",
-                      version=f"%(prog)s {metadata.version('speccompat')}")
-    sub = root.add_subparsers(dest="command", required=True)
+    root.add_argument("--version", action="store_true", help="print the version and exit")
+    root.add_argument("--json", action="store_true", help="with --version: machine-readable")
+    sub = root.add_subparsers(dest="command")
     p_doctor = sub.add_parser(
         "doctor", help="environment, support verdict, every adapter's state",
         description="Apply the adapters in this process and report every adapter's state. "
         "Exit 0 only if the installed pair is supported and every selected adapter applied; "
         "1 otherwise.")
     p_doctor.add_argument("--json", action="store_true", help="machine-readable output")
+    p_doctor.add_argument("--all", action="store_true", dest="show_all",
+                          help="every adapter, also those not needed or skipped here")
     p_matrix = sub.add_parser("matrix", help="the supported (vLLM, speculators) cells",
-                              description="The supported matrix. Exit 0.")
+                              description="The supported matrix, each cell with the outcome "
+                              "of its recorded run. Exit 0.")
     p_matrix.add_argument("--json", action="store_true", help="machine-readable output")
+    p_matrix.add_argument("--vllm", metavar="X.Y.Z", help="only the cells of this vLLM release")
+    p_matrix.add_argument("--speculators", metavar="X.Y.Z",
+                          help="only the cells of this speculators release")
     p_adapters = sub.add_parser("adapters", help="the adapter catalogue",
                                 description="Every adapter record. Exit 0.")
     form = p_adapters.add_mutually_exclusive_group()
@@ -173,7 +257,14 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    root = parser()
+    args = root.parse_args(argv)
+    if args.version:
+        version = metadata.version("speccompat")
+        print(json.dumps({"speccompat": version}) if args.json else f"speccompat {version}")
+        return 0
+    if args.command is None:
+        root.error("a command is required: doctor, matrix, adapters or verify")
     try:
         code = _run(args)
         sys.stdout.flush()  # here, not at exit: a closed pipe is then caught below
@@ -190,9 +281,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "verify":
         return verify_outputs(args.directory, args.model, args.json)
     if args.command == "doctor":
-        return doctor(args.json)
+        return doctor(args.json, args.show_all)
     if args.command == "matrix":
-        return show_matrix(args.json)
+        return show_matrix(args.json, args.vllm, args.speculators)
     return show_adapters(args.markdown, args.json)
 
 

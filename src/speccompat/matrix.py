@@ -215,6 +215,24 @@ def transformers_of(cell: Cell) -> str:
     return NEWEST_TRANSFORMERS_PROVEN
 
 
+OUTCOMES_FILE = "cell_outcomes.json"
+
+
+def outcome_key(cell: Cell) -> str:
+    return "|".join((cell.vllm, cell.speculators, cell.transformers))
+
+
+def recorded_outcomes() -> dict[str, dict[str, str]]:
+    """Each cell's recorded outcome and date (``nox -s render`` writes them from
+    .matrix/results; shipped with the package), keyed by :func:`outcome_key`."""
+    import json
+    from importlib import resources
+
+    text = resources.files(__package__).joinpath(OUTCOMES_FILE).read_text(encoding="utf-8")
+    table: dict[str, dict[str, str]] = json.loads(text)
+    return table
+
+
 def vllm_releases() -> list[str]:
     return sorted({c.vllm for c in CELLS}, key=Version)
 

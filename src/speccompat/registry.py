@@ -28,6 +28,8 @@ log = logging.getLogger("speccompat")
 
 DISABLE_ENV = "SPECCOMPAT_DISABLE"
 SKIP_ENV = "SPECCOMPAT_SKIP"
+# How server_verdict ends the reason of a server-path adapter that the plugin will apply.
+WILL_APPLY_IN_SERVE = "; applies inside vllm serve"
 # How the parent's choice reaches vLLM's spawned processes (read by plugin.py).
 ACTIVE_ENV = "SPECCOMPAT_ACTIVE"
 
@@ -148,7 +150,7 @@ def server_verdict(environment: Environment | None = None) -> tuple[Outcome, ...
         elif (mismatch := _probe(adapter)) is not None:
             state, reason = State.FAILED, f"{why}, but the probe found: {mismatch}"
         else:
-            state, reason = State.SKIPPED, f"{why}; applies inside vllm serve"
+            state, reason = State.SKIPPED, f"{why}{WILL_APPLY_IN_SERVE}"
         outcomes.append(Outcome(adapter.id, state, reason, adapter.side))
     return tuple(outcomes)
 

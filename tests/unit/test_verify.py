@@ -180,7 +180,7 @@ def hand_made_report() -> VerifyReport:
         files=(
             FileResult("data_0.pt", Format.PT, Status.OK, (), 0, 4, 5, 64, "bfloat16"),
             FileResult("data_1.pt", Format.PT, Status.FAIL,
-                       ("771 layers, expected 4", "non-finite values (NaN/inf) in layers 2"),
+                       ("771 layers, expected 4", "non-finite values (NaN/inf) in slot 2"),
                        1, 771, 512, None, "bfloat16"),
             FileResult("data_3.pt", Format.PT, Status.FAIL,
                        ("unreadable (empty file): EOFError",), 3),
@@ -200,7 +200,7 @@ def test_table() -> None:
     assert lines[3].split() == ["file", "status", "layers", "rows", "hidden", "dtype", "reason"]
     assert lines[4].split() == ["data_0.pt", "ok", "4", "5", "64", "bfloat16"]
     assert lines[5].split()[:6] == ["data_1.pt", "FAIL", "771", "512", "-", "bfloat16"]
-    assert lines[5].endswith("771 layers, expected 4; non-finite values (NaN/inf) in layers 2")
+    assert lines[5].endswith("771 layers, expected 4; non-finite values (NaN/inf) in slot 2")
     assert lines[6].split()[:6] == ["data_3.pt", "FAIL", "-", "-", "-", "-"]
     # columns line up: the reason starts at the same offset on every line
     assert lines[3].index("reason") == lines[5].index("771 layers") == lines[6].index("unread")
@@ -216,7 +216,7 @@ def test_json() -> None:
     assert payload["totals"] == {"files": 3, "ok": 1, "failed": 2, "missing": 1}
     assert payload["files"][1] == {
         "file": "data_1.pt", "format": "pt", "index": 1, "status": "fail", "ok": False,
-        "reasons": ["771 layers, expected 4", "non-finite values (NaN/inf) in layers 2"],
+        "reasons": ["771 layers, expected 4", "non-finite values (NaN/inf) in slot 2"],
         "layers": 771, "rows": 512, "hidden": None, "dtype": "bfloat16"}
     assert payload["missing"] == [{"pattern": "data_{i}.pt", "indices": [2],
                                    "files": ["data_2.pt"]}]

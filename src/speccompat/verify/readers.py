@@ -95,6 +95,16 @@ def _some(indices: Sequence[int]) -> str:
     return shown + (f", ... ({len(indices)} in all)" if len(indices) > 4 else "")
 
 
+def _slots(indices: Sequence[int], layer_ids: Sequence[int] | None, count: int) -> str:
+    """Slot numbers as a file holds them, with the layer id of each where recorded:
+    "slots 1, 3 (ids 2, 4)". A slot is a position in the file, not a layer number."""
+    text = f"slot{'s' if len(indices) > 1 else ''} {_some(indices)}"
+    if layer_ids is not None and len(layer_ids) == count:
+        ids = [layer_ids[i] for i in indices]
+        text += f" (id{'s' if len(ids) > 1 else ''} {_some(ids)})"
+    return text
+
+
 def _nonfinite(torch: Any, tensor: Any) -> int:
     if not (tensor.is_floating_point() or tensor.is_complex()):
         return 0
@@ -171,7 +181,9 @@ def check_pt(torch: Any, sample: SampleFile, meta: Metadata) -> _Observed:
         if rows is not None:
             off = [i for i, t in enumerate(states) if t.dim() == 2 and int(t.shape[0]) != rows]
             if off:
-                seen.reasons.append(f"layers {_some(off)} have {int(states[off[0]].shape[0])} "
+                verb = "have" if len(off) > 1 else "has"
+                seen.reasons.append(f"{_slots(off, meta.layer_ids, len(states))} {verb} "
+                                    f"{int(states[off[0]].shape[0])} "
                                     f"rows, but input_ids has {rows}")
     dtypes = Counter(_dtype_name(t.dtype) for t in states)
     seen.dtype = dtypes.most_common(1)[0][0]
@@ -181,7 +193,8 @@ def check_pt(torch: Any, sample: SampleFile, meta: Metadata) -> _Observed:
         seen.reasons.extend(_copied_slots(torch, states, meta.layer_ids, server_ids=False))
     bad = [(i, n) for i, t in enumerate(states) if (n := _nonfinite(torch, t))]
     if bad:
-        seen.reasons.append(f"non-finite values (NaN/inf) in layers {_some([i for i, _ in bad])}"
+        where = _slots([i for i, _ in bad], meta.layer_ids, len(states))
+        seen.reasons.append(f"non-finite values (NaN/inf) in {where}"
                             f" ({sum(n for _, n in bad)} values)")
 
     if "loss_mask" in data and data["loss_mask"] is not None:
@@ -227,9 +240,10 @@ def check_safetensors(torch: Any, load_file: Any, sample: SampleFile,
         per_layer = (~torch.isfinite(states)).sum(dim=(0, 2))
         bad = [i for i, n in enumerate(per_layer.tolist()) if n]
         if bad:
-            seen.reasons.append(f"non-finite values (NaN/inf) in layers {_some(bad)} "
+            seen.reasons.append(f"non-finite values (NaN/inf) in "
+                                f"{_slots(bad, layer_ids, seen.layers)} "
                                 f"({int(per_layer.sum().item())} values)")
-        seen.reasons.extend(_zero_rows(states) + _copied_slots(
+        seen.reasons.extend(_zero_rows(states, layer_ids) + _copied_slots(
             torch, [states[:, i] for i in range(seen.layers)], layer_ids))
     mask = data.get("loss_mask")
     if mask is not None:
@@ -239,19 +253,19 @@ def check_safetensors(torch: Any, load_file: Any, sample: SampleFile,
     return seen
 
 
-def _zero_rows(states: Any) -> list[str]:
+def _zero_rows(states: Any, layer_ids: Sequence[int] | None = None) -> list[str]:
     """Tokens whose state is exactly zero in a layer: no real token's hidden state is, so
     they are rows nobody wrote (vLLM 0.22-0.24's connector on hybrid models)."""
     zero = (states == 0).all(dim=2)  # [tokens, layers]
     per_layer = zero.sum(dim=0).tolist()
     tokens, layers = int(states.shape[0]), int(states.shape[1])
-    found = [f"layer {i}: {n} of {tokens}{' (the whole layer)' if n == tokens else ''}"
-             for i, n in enumerate(per_layer) if n]
+    found = [f"{_slots([i], layer_ids, layers)}: {n} of {tokens}"
+             f"{' (the whole slot)' if n == tokens else ''}" for i, n in enumerate(per_layer) if n]
     if not found:
         return []
     rows = int(zero.any(dim=1).sum())
     return [f"all-zero rows (tokens whose state is exactly 0) in {'; '.join(found)} "
-            f"({rows} of {tokens} tokens, {len(found)} of {layers} layers): "
+            f"({rows} of {tokens} tokens, {len(found)} of {layers} slots): "
             "states nobody wrote, not a model's output"]
 
 

@@ -1,0 +1,94 @@
+"""Whether vLLM and speculators import, asked of a fresh interpreter.
+
+``doctor`` reads versions from metadata and never imports vLLM itself (an import that
+crashes would take the report with it), so an environment where ``import vllm`` fails could
+pass as supported. This module imports each in a child process and turns a failure into
+its cause and a fix where the cause is a known one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from importlib import metadata
+
+IMPORT_TIMEOUT_S = 300.0
+# A compiled extension of a torch companion package built against another torch release.
+_COMPANION = re.compile(r"(torchaudio|torchvision|torchcodec)[^\s:]*\.so[^:]*: undefined symbol")
+
+
+@dataclass(frozen=True)
+class ImportFailure:
+    module: str
+    error: str  # the last line of the child's traceback
+    cause: str
+    fix: str
+
+    @property
+    def message(self) -> str:
+        return f"import {self.module} fails: {self.error}. Cause: {self.cause}. Fix: {self.fix}"
+
+    def as_dict(self) -> dict[str, str]:
+        return {"module": self.module, "error": self.error, "cause": self.cause, "fix": self.fix}
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def explain(module: str, stderr: str) -> ImportFailure:
+    """The cause and fix of a failed ``import module``, from the child's stderr."""
+    lines = [line.strip() for line in stderr.strip().splitlines() if line.strip()]
+    error = lines[-1] if lines else "the interpreter exited without a traceback"
+    companion = _COMPANION.search(stderr)
+    if companion:
+        name = companion.group(1)
+        torch = _version("torch")
+        found = " ".join(filter(None, (name, _version(name))))
+        release = torch.split("+")[0] if torch else ""
+        # torchaudio's releases carry torch's number; torchvision's and torchcodec's do not.
+        if not release:
+            reinstall = f"install torch and {name} from one release"
+        elif name == "torchaudio":
+            reinstall = f"pip install '{name}=={release}'"
+        else:
+            reinstall = f"install the {name} release built for torch {release}"
+        return ImportFailure(
+            module, error,
+            f"{found} was built for another torch than the installed torch {torch or ''}".strip(),
+            f"{reinstall}, or pip uninstall {name} (vLLM's text models do not need it)")
+    return ImportFailure(module, error, "not one doctor knows",
+                         "run the import yourself to see the whole traceback: "
+                         f"python -c 'import {module}'")
+
+
+# How a user's program imports each: vLLM as ``vllm serve`` does; speculators after
+# ``speccompat.apply()``, which its 0.3/0.4 generator needs under transformers 5.
+IMPORTS = {"vllm": "import vllm",
+           "speculators": "import speccompat; speccompat.apply(); import speculators"}
+
+
+def import_failures(modules: tuple[str, ...]) -> list[ImportFailure]:
+    """Each of ``modules`` imported in a child interpreter as a user's program imports it
+    (``IMPORTS``); the ones that failed."""
+    failures = []
+    # The child must not inherit this process's speccompat settings.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECCOMPAT_")}
+    for module in modules:
+        try:
+            run = subprocess.run([sys.executable, "-c", IMPORTS.get(module, f"import {module}")],
+                                 capture_output=True, text=True, env=env, check=False,
+                                 timeout=IMPORT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            failures.append(ImportFailure(module, f"no answer in {IMPORT_TIMEOUT_S:.0f} s",
+                                          "the import hangs", f"python -c 'import {module}'"))
+            continue
+        if run.returncode != 0:
+            failures.append(explain(module, run.stderr))
+    return failures
