@@ -15,7 +15,9 @@
                                      0.3.0 the contract tests; with the newest speculators
                                      (or S) the contract and server-path e2e tests
     nox -s bench                     bench/: speccompat on (0.16.0, 0.3.0) vs native (0.16.0, 0.4.0)
-    nox -s demo                      the seed pair, broken then fixed
+    nox -s demo                      the server path on vLLM's CPU build, with and without
+                                     speccompat
+    nox -s demo-seed-pair            the seed pair (the in-process generator), broken then fixed
     nox -s gpu -- --vllm 0.26.0 --speculators 0.4.0   on a machine with CUDA GPUs
 
 Installing a cell (``install_into``, which can target any Python) as a user upgrading vLLM
@@ -288,6 +290,14 @@ def e2e(session: nox.Session, vllm: str, speculators: str, transformers: str) ->
 
 @nox.session(python=PYTHON)
 def demo(session: nox.Session) -> None:
+    """The main job, the server path: vLLM's CPU build serving extract_hidden_states to
+    speculators 0.9.0's own client, with then without speccompat (the CI cell's install)."""
+    install_cell(session, find_cell("0.32.0", "0.9.0"))
+    session.run("python", "demo/server_path.py", *session.posargs, env=CPU_ENV)
+
+
+@nox.session(name="demo-seed-pair", python=PYTHON)
+def demo_seed_pair(session: nox.Session) -> None:
     """The seed pair: speculators 0.3.0 on vLLM 0.16.0, without then with speccompat."""
     install_cell(session, find_cell("0.16.0", "0.3.0"))
     session.run("python", "demo/seed_pair.py", *session.posargs, env=CPU_ENV)

