@@ -315,9 +315,9 @@ class _StreamedLayers:
     """A batch's captured layers written into a reserved shared-memory slot step by step:
     region ``slot`` holds that layer's rows, a request's at its admission offset. On CUDA
     a step's copies run on a side stream while the next step computes (the copy of the
-    whole batch after its last step was 0.46 s of 16 s on an H200, docs/gpu-results.md);
+    whole batch after its last step was 0.46 s of 16 s on an H200, docs/results/gpu-results.md);
     only the last step's copy is left to wait for. Copying during the forward itself, layer
-    by layer, made the forward slower than the copy it hid (docs/gpu-results.md)."""
+    by layer, made the forward slower than the copy it hid (docs/results/gpu-results.md)."""
 
     def __init__(self, reservation: shm.Reservation, capacity: int, chunk: Any,
                  row_bytes: int, region: int) -> None:

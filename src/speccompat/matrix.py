@@ -100,11 +100,11 @@ NOTES: dict[tuple[str, str], str] = {
                          "46 passed",
     ("0.16.0", "0.3.0"): "seed pair: speculators 0.3.0 written for vLLM 0.11.0",
     ("0.16.0", "0.4.0"): "speculators 0.4.0's newest pinned release",
-    ("0.22.0", "0.3.0"): "also on an H200: tests/gpu passed (docs/gpu-results.md)",
+    ("0.22.0", "0.3.0"): "also on an H200: tests/gpu passed (docs/results/gpu-results.md)",
     ("0.26.0", "0.3.0"): "also on an H200: tests/gpu passed, the tiny Llama on Model Runner V2 "
-                         "by default (docs/gpu-results.md)",
+                         "by default (docs/results/gpu-results.md)",
     ("0.26.0", "0.4.0"): "also on an H200: tests/gpu passed under transformers 5.17.0, the tiny "
-                         "Llama on Model Runner V2 by default (docs/gpu-results.md)",
+                         "Llama on Model Runner V2 by default (docs/results/gpu-results.md)",
     ("0.29.0", "0.3.0"): "Model Runner V2 default for every model on CUDA (the CPU build has "
                          "no Triton backend and runs V1)",
     ("0.32.0", "0.3.0"): "newest CPU build",

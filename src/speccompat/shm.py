@@ -9,7 +9,7 @@ file, so the bytes are copied once, device to host, in the worker.
 
 A fresh file per batch costs more than the copy: the kernel hands tmpfs memory out a
 4 KiB page at a time (1.0 s per 1.4 GB batch on the H200 host, against 0.03 s for the
-copy into pinned memory; docs/gpu-results.md). So each worker keeps its file (a
+copy into pinned memory; docs/results/gpu-results.md). So each worker keeps its file (a
 ``_Slot``) across batches, pinned for CUDA copies, and reuses it once nobody maps it
 any more. Three mark bytes at the start of the file say who may still read it; each is
 written by one process only, so no lock is needed:
@@ -194,7 +194,7 @@ class _Pool:
         # None fits: every free slot is too small. Closing them gives their memory and their
         # page lock to the new one. Kept, a small first batch's pinned slot left the next
         # one pageable: 8 of bench/gpu_extract.py's 16 batches after it copied at a fifth
-        # of the speed (a simulation of its slot choices, docs/gpu-results.md).
+        # of the speed (a simulation of its slot choices, docs/results/gpu-results.md).
         for slot in free:
             self.slots.remove(slot)
             slot.close()

@@ -6,7 +6,7 @@ so the server path needs no V2 adapter there. A fact test, no adapter.
 - 0.22-0.28, where V2 is the default on CUDA: ``_get_v2_model_runner_unsupported_features``
   names it; the default case then runs the V1 runner with a warning and the forced case is
   a ValidationError at start-up. Seen on the H200 with 0.22.0, 0.23.0, 0.24.0, 0.25.0 and
-  0.26.0 (docs/gpu-results.md). On the CPU build the forced case stops earlier, at
+  0.26.0 (docs/results/gpu-results.md). On the CPU build the forced case stops earlier, at
   "Model Runner V2 requires Triton", so the list is read here, not the refusal.
 - 0.29+: V2 runs it through its own ``ExtractHiddenStatesSpeculator``; the V1 runner stays
   the CPU build's (no Triton backend), so V2 extraction is not run by these cells.

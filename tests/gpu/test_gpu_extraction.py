@@ -1,7 +1,7 @@
 """speculators 0.3.0 or 0.4.0 + speccompat on CUDA vLLM: HF parity, MLA, llama_4_scaling, Kimi-K2.5.
 
 Run with ``nox -s gpu`` or, on a host without a package index, pytest against staged
-packages (docs/gpu-results.md says how).
+packages (docs/results/gpu-results.md says how).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ It slices each batch's per-layer states per sample and copies each slice
 already arrive in host memory that no process writes again while any tensor maps it
 (``speccompat.shm``), so the copy buys nothing; it costs 1.38 GB of freshly faulted
 pages per batch of 32 Llama-8B prompts, 7.6 s of 23.7 s on an H200
-(docs/gpu-results.md).
+(docs/results/gpu-results.md).
 
 ``generate()`` here is speculators 0.3.0's, line for line, except for that hand-over:
 each sample gets tensors with a storage of its own over the handed-over bytes

@@ -71,7 +71,7 @@ def _get_captured_states(self: Any) -> list[Any] | None:
     if capture is None:
         return None
     # Host memory, shared with the driver: pickling CUDA tensors through vLLM's
-    # message queue costs more than the forward (docs/gpu-results.md).
+    # message queue costs more than the forward (docs/results/gpu-results.md).
     streamed = capture.streamed_layers()
     if streamed is not None:
         return streamed
