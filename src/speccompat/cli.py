@@ -183,24 +183,53 @@ def show_adapters(markdown: bool, as_json: bool) -> int:
     return 0
 
 
-MARKDOWN_COLUMNS = ("adapter", "what it normalizes", "upstream change", "selected by",
-                    "speculators", "side", "remove when", "why", "how", "upstream reference")
+PATH_TITLES = {
+    ExtractionPath.SERVER: ("Server path", "speculators >= 0.5 through `vllm serve` with "
+                            "`extract_hidden_states`: speccompat's vLLM plugin applies these in "
+                            "the server's processes."),
+    ExtractionPath.IN_PROCESS: ("In-process generator", "speculators 0.3/0.4's "
+                                "`VllmHiddenStatesGenerator`: `speccompat.apply()` applies "
+                                "these."),
+}
+
+
+def _sentence(text: str) -> str:
+    """As written (a record may start with "vLLM" or an identifier), ending in a period."""
+    text = text.strip()
+    return text if text.endswith(".") else f"{text}."
 
 
 def adapters_markdown(adapters: Sequence[Adapter]) -> str:
-    """The catalogue as one Markdown table, every field of every record: docs/adapters.md."""
+    """The catalogue, one section per adapter as vllm-ascend's patch catalogue reads: what,
+    why, how, the upstream change and reference, what selects it, when it can go, then its
+    module's docstring (once per module): docs/adapters.md."""
+    import importlib
 
-    def cell(text: str) -> str:
-        return text.replace("|", "\\|").replace("\n", " ")
-
-    lines = ["| " + " | ".join(MARKDOWN_COLUMNS) + " |",
-             "|" + "---|" * len(MARKDOWN_COLUMNS)]
-    for a in adapters:
-        spec = str(a.speculators) if a.speculators is not None else "any"
-        row = (f"`{a.id}`", a.summary, a.upstream, f"{a.cause} `{a.cause_specifier}`",
-               f"`{spec}`", a.side.value, a.remove_when, a.why, a.how, a.upstream_ref)
-        lines.append("| " + " | ".join(cell(c) for c in row) + " |")
-    return "\n".join(lines) + "\n"
+    lines = ["# Adapters", "",
+             "Generated from the adapter records (`python -m speccompat adapters "
+             "--markdown`). An adapter is selected by the package whose release caused the "
+             "break and confirmed by a probe of the installed code; `SPECCOMPAT_SKIP=<id>` "
+             "skips one.", ""]
+    described: dict[str, str] = {}
+    for path, (title, intro) in PATH_TITLES.items():
+        lines += [f"## {title}", "", intro, ""]
+        for a in (a for a in adapters if a.path is path):
+            spec = ("" if a.cause == "speculators" or a.speculators is None
+                    else f", speculators `{a.speculators}`")
+            lines += [f"### `{a.id}`", "", _sentence(a.summary), "",
+                      f"- **Why:** {_sentence(a.why)}", f"- **How:** {_sentence(a.how)}",
+                      f"- **Upstream:** {a.upstream}; {_sentence(a.upstream_ref)}",
+                      f"- **Selected by:** {a.cause} `{a.cause_specifier}`{spec}; "
+                      f"{a.side.value} side.",
+                      f"- **Remove when:** {_sentence(a.remove_when)}", ""]
+            module = a.probe.__module__
+            if module in described:
+                lines += [f"The details are under `{described[module]}`.", ""]
+                continue
+            described[module] = a.id
+            doc = importlib.import_module(module).__doc__ or ""
+            lines += [doc.strip(), ""]
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
 def verify_outputs(directory: Path, model: Path | None, as_json: bool) -> int:
@@ -240,7 +269,7 @@ def parser() -> argparse.ArgumentParser:
                                 description="Every adapter record. Exit 0.")
     form = p_adapters.add_mutually_exclusive_group()
     form.add_argument("--markdown", action="store_true",
-                      help="one Markdown table (docs/adapters.md is this output)")
+                      help="one Markdown page, a section per adapter (docs/adapters.md)")
     form.add_argument("--json", action="store_true", help="machine-readable output")
     p_verify = sub.add_parser(
         "verify", help="check hidden-state extraction outputs in DIR",

@@ -188,20 +188,28 @@ def test_matrix_json(tmp_path: Path) -> None:
 
 
 def test_adapters_markdown(capsys: pytest.CaptureFixture[str]) -> None:
+    """One section per adapter, grouped by path, every record field, then its module's
+    docstring once per module."""
     assert cli.main(["adapters", "--markdown"]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("| adapter | what it normalizes | upstream change | selected by |")
-    assert lines[0].endswith("| remove when | why | how | upstream reference |")
-    assert lines[1] == "|---|---|---|---|---|---|---|---|---|---|"
-    rows = lines[2:]
-    assert len(rows) == len(catalogue_ids())
-    for adapter, row in zip(speccompat.catalogue(), rows, strict=True):
-        assert row.startswith(f"| `{adapter.id}` |")
-        assert f"{adapter.cause} `{adapter.cause_specifier}`" in row
-        assert row.count("|") >= 11
-        assert adapter.side.value in row
-        for text in (adapter.summary, adapter.why, adapter.how, adapter.upstream_ref):
-            assert text in row
+    out = capsys.readouterr().out
+    assert out.startswith("# Adapters\n")
+    assert out.index("## Server path") < out.index("## In-process generator")
+    sections = out.split("\n### ")[1:]
+    assert len(sections) == len(catalogue_ids())
+    by_id = {section.split("`")[1]: section for section in sections}
+    assert set(by_id) == set(catalogue_ids())
+    for adapter in speccompat.catalogue():
+        section = by_id[adapter.id]
+        assert f"- **Selected by:** {adapter.cause} `{adapter.cause_specifier}`" in section
+        assert f"{adapter.side.value} side." in section
+        for text in (adapter.summary, adapter.why, adapter.how, adapter.upstream,
+                     adapter.upstream_ref, adapter.remove_when):
+            assert text in section, (adapter.id, text)
+    import speccompat.adapters.eagle_mixin_capture_alias as module
+
+    assert (module.__doc__ or "").strip() in by_id[module.ID]
+    shared = by_id["vllm.collective_rpc_unique_reply_rank.speculators_0_4"]
+    assert "The details are under `vllm.collective_rpc_unique_reply_rank`." in shared
 
 
 def test_adapters_plain(capsys: pytest.CaptureFixture[str]) -> None:
