@@ -18,7 +18,7 @@ from .imports import import_failures
 from .outcomes import Outcome, State
 from .record import Adapter, ExtractionPath
 from .registry import WILL_APPLY_IN_SERVE
-from .versions import Environment, detect
+from .versions import Environment, detect, distribution_version
 
 # 128 + SIGPIPE, what a shell reports for a command whose reader went away (`... | head`).
 EXIT_CLOSED_PIPE = 141
@@ -115,10 +115,7 @@ def _print_outcomes(outcomes: Sequence[Outcome], show_all: bool, no_vllm: bool) 
 def summary(env: Environment) -> dict[str, str]:
     """The environment in the shape of vLLM's collect-env, to paste into a bug report."""
     def version(distribution: str) -> str:
-        try:
-            return metadata.version(distribution)
-        except metadata.PackageNotFoundError:
-            return "not installed"
+        return distribution_version(distribution) or "not installed"
 
     vllm = (f"{env.vllm.raw} ({env.vllm.distribution})" if env.vllm is not None
             else "not installed")

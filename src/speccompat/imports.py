@@ -13,7 +13,8 @@ import re
 import subprocess
 import sys
 from dataclasses import dataclass
-from importlib import metadata
+
+from .versions import distribution_version
 
 IMPORT_TIMEOUT_S = 300.0
 # A compiled extension of a torch companion package built against another torch release.
@@ -35,13 +36,6 @@ class ImportFailure:
         return {"module": self.module, "error": self.error, "cause": self.cause, "fix": self.fix}
 
 
-def _version(distribution: str) -> str | None:
-    try:
-        return metadata.version(distribution)
-    except metadata.PackageNotFoundError:
-        return None
-
-
 def explain(module: str, stderr: str) -> ImportFailure:
     """The cause and fix of a failed ``import module``, from the child's stderr."""
     lines = [line.strip() for line in stderr.strip().splitlines() if line.strip()]
@@ -49,8 +43,8 @@ def explain(module: str, stderr: str) -> ImportFailure:
     companion = _COMPANION.search(stderr)
     if companion:
         name = companion.group(1)
-        torch = _version("torch")
-        found = " ".join(filter(None, (name, _version(name))))
+        torch = distribution_version("torch")
+        found = " ".join(filter(None, (name, distribution_version(name))))
         release = torch.split("+")[0] if torch else ""
         # torchaudio's releases carry torch's number; torchvision's and torchcodec's do not.
         if not release:

@@ -165,13 +165,19 @@ def _vllm_like_distributions() -> list[metadata.Distribution]:
     return found or list(metadata.distributions())
 
 
+def distribution_version(name: str) -> str | None:
+    """The installed version of the distribution ``name``, from its metadata; None if absent."""
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def _find(name: str, override_env: str | None = None) -> Package | None:
     if override_env and os.environ.get(override_env):
         return Package(name, os.environ[override_env], f"${override_env}")
-    try:
-        return Package(name, metadata.version(name), name)
-    except metadata.PackageNotFoundError:
-        return None
+    version = distribution_version(name)
+    return None if version is None else Package(name, version, name)
 
 
 def _device() -> tuple[str | None, tuple[int, int] | None]:
