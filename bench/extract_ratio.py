@@ -194,7 +194,7 @@ def worker(args: argparse.Namespace) -> int:
         if profiler:
             profiler.dump_stats(args.profile)
     finally:
-        from speccompat import teardown  # both sides: harness cleanup, applies nothing
+        from speccompat.inprocess import teardown  # both sides: harness cleanup, applies nothing
 
         teardown.shut_down(executor)
     loaded = sys.modules.get("speccompat")  # vLLM's plugin loader may import it

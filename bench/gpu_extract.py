@@ -136,7 +136,7 @@ def transfer_costs(rows: int, hidden: int, layers: int) -> dict[str, float]:
 
     import torch
 
-    from speccompat import shm
+    from speccompat.inprocess import shm
 
     states = [torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16)
               for _ in range(layers)]

@@ -2,7 +2,7 @@
 
 A worker process fills a batch (``--layers`` x [``--rows``, ``--hidden``] bf16, CPU
 tensors: the host side of the transfer, which is what a CUDA run adds its copy to) and
-hands it over with ``speccompat.shm.to_host``; the driver maps it and copies each row
+hands it over with ``speccompat.inprocess.shm.to_host``; the driver maps it and copies each row
 block out, as speculators 0.3.0 does (``.clone()``). Per round, in seconds:
 
   fresh   a new file per batch (``reuse=False``), the route before reusable slots;
@@ -25,7 +25,7 @@ from typing import Any
 def worker(requests: Any, replies: Any, rows: int, hidden: int, layers: int) -> None:
     import torch
 
-    from speccompat import shm
+    from speccompat.inprocess import shm
 
     states = [torch.randn(rows, hidden).to(torch.bfloat16) for _ in range(layers)]
     while (route := requests.get()) is not None:

@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from speccompat import shm
+from speccompat.inprocess import shm
 
 HIDDEN, ROWS, REQUESTS, LAYERS, STEPS = 4096, 8192, 32, 4, 20
 PER_REQUEST = ROWS // REQUESTS

@@ -48,7 +48,7 @@ GUARDS = "guards"
 def time_guards(tally: Tally) -> None:
     """Every call of speccompat's capture guards, under ``GUARDS``: the executor view's
     bookkeeping of each step and the structure check of each batch."""
-    from speccompat import guards
+    from speccompat.inprocess import guards
 
     for name in ("observe_rpc", "observe_step", "check"):
         time_method(guards.CaptureExpectation, name, tally, GUARDS)

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from speccompat.adapters.hidden_states_connector_zero_rows import zero_rows
+from speccompat.server.adapters.hidden_states_connector_zero_rows import zero_rows
 
 SHAPES = ((1000, 4, 4096), (4000, 4, 4096), (8000, 4, 7168), (300, 3, 2048))
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import server
-from speccompat import teardown
+from speccompat.inprocess import teardown
 
 
 def _installed(module: str) -> bool:
@@ -272,8 +272,8 @@ def constructor_kwargs(module: Any, name: str, values: dict[str, Any], *,
 @contextlib.contextmanager
 def fresh_shm_pool() -> Iterator[None]:
     """A fresh shared-memory slot pool for the block, closed after it (tests of
-    ``speccompat.shm`` and of the capture writing into its slots)."""
-    from speccompat import shm
+    ``speccompat.inprocess.shm`` and of the capture writing into its slots)."""
+    from speccompat.inprocess import shm
 
     shm._POOL = None
     try:
@@ -343,7 +343,7 @@ def import_fixes() -> list[str]:
     """The adapters without which speculators does not import here (transformers 5,
     vLLM 0.11.0 for speculators 0.4.0, vLLM 0.33.0's moved helpers): for tests that import
     it in this process without being about those adapters."""
-    from speccompat.adapters import (
+    from speccompat.inprocess.adapters import (
         attn_mask_utils_removed,
         config_dtype_annotation,
         get_hash_fn_by_name_moved,

@@ -18,6 +18,7 @@ from .errors import (
     VllmNotInstalledError,
     WorkerFailedError,
 )
+from .inprocess.rpc import collective_rpc
 from .layers import (
     LayerIdConvention,
     LayerIdError,
@@ -30,7 +31,6 @@ from .layers import (
 from .outcomes import Outcome, Report, State
 from .record import Adapter, Side
 from .registry import active, apply, catalogue, report, revert
-from .rpc import collective_rpc
 from .versions import Environment, Package, detect
 
 __version__ = "0.1.0"

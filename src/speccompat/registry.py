@@ -1,9 +1,9 @@
 """Selection of the catalogued adapters, and the per-process applied state.
 
-The record is ``record.Adapter``, the report ``outcomes.Report``, the catalogue
-``adapters.ADAPTERS``. Selection: an adapter's specifiers say *when* it should apply;
-its probe confirms the upstream code looks as expected. When the two disagree the
-report says so, and ``strict=True`` raises.
+The record is ``record.Adapter``, the report ``outcomes.Report``, the catalogue each wing's
+(``inprocess.adapters.ADAPTERS``, then ``server.adapters.ADAPTERS``). Selection: an adapter's
+specifiers say *when* it should apply; its probe confirms the upstream code looks as
+expected. When the two disagree the report says so, and ``strict=True`` raises.
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ import warnings
 from collections.abc import Iterable, Sequence
 
 from . import matrix
-from .adapters import ADAPTERS
 from .errors import AdapterError, SpeccompatWarning, UnsupportedVersionError, VllmNotInstalledError
+from .inprocess.adapters import ADAPTERS as IN_PROCESS_ADAPTERS
 from .outcomes import Outcome, Report, State
 from .patching import Patcher
 from .record import Adapter, ExtractionPath, Side
+from .server.adapters import ADAPTERS as SERVER_ADAPTERS
 from .versions import Environment, detect
 
 log = logging.getLogger("speccompat")
@@ -50,7 +51,7 @@ _STATE = _Applied()
 
 def catalogue() -> tuple[Adapter, ...]:
     """Every adapter record, in the order ``apply()`` patches them."""
-    return ADAPTERS
+    return IN_PROCESS_ADAPTERS + SERVER_ADAPTERS
 
 
 def active() -> tuple[str, ...]:

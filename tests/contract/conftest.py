@@ -23,7 +23,7 @@ def generator_module() -> ModuleType:
     import importlib
 
     import speccompat
-    from speccompat.adapters import (
+    from speccompat.inprocess.adapters import (
         attn_mask_utils_removed,
         config_dtype_annotation,
         get_hash_fn_by_name_moved,

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from speccompat.adapters.attn_mask_utils_removed import ID, REMOVED
+from speccompat.inprocess.adapters.attn_mask_utils_removed import ID, REMOVED
 from support import needs_adapter, requires_speculators, requires_vllm, run_python
 
 pytestmark = [requires_vllm, requires_speculators]

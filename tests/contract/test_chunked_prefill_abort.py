@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from speccompat.adapters.chunked_prefill_abort import ID
+from speccompat.inprocess.adapters.chunked_prefill_abort import ID
 from support import (
     chunked_prefill_on,
     make_request,

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import speccompat
-from speccompat.adapters.collective_rpc_unique_reply_rank import (
+from speccompat.inprocess.adapters.collective_rpc_unique_reply_rank import (
     ID,
     ID_V04,
     BareReplyExecutor,

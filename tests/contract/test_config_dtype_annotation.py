@@ -8,8 +8,10 @@ from typing import Any
 import pytest
 
 import speccompat
-from speccompat.adapters.attn_mask_utils_removed import ID as MASK_ID  # transformers 5.24.x
-from speccompat.adapters.config_dtype_annotation import ADAPTER, ID
+from speccompat.inprocess.adapters.attn_mask_utils_removed import (
+    ID as MASK_ID,  # transformers 5.24.x
+)
+from speccompat.inprocess.adapters.config_dtype_annotation import ADAPTER, ID
 from speccompat.patching import patched_by
 from speccompat.targets import module_source
 from support import (

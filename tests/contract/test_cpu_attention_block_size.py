@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from speccompat.adapters.cpu_attention_block_size import ID
+from speccompat.inprocess.adapters.cpu_attention_block_size import ID
 from support import (
     needs_adapter,
     requires_speculators,

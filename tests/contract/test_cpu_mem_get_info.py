@@ -5,7 +5,7 @@ from types import ModuleType
 
 import pytest
 
-from speccompat.adapters.cpu_mem_get_info import ID
+from speccompat.inprocess.adapters.cpu_mem_get_info import ID
 from support import only, requires_speculators, requires_vllm, speculators_generator
 
 pytestmark = [requires_vllm, requires_speculators]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import server
-from speccompat.adapters.cpu_runner_aux_layers import (
+from speccompat.server.adapters.cpu_runner_aux_layers import (
     AUX_LAYERS_SET,
     CPU_RUNNER,
     DRAFTER_LOAD,

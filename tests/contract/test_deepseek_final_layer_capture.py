@@ -11,14 +11,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import server
-from speccompat.adapters.deepseek_final_layer_capture import (
+from speccompat.server.adapters.deepseek_final_layer_capture import (
     AFTER_THE_LAST,
     BEFORE_EACH_LAYER,
     DEEPSEEK,
     ID,
     _probe,
 )
-from speccompat.adapters.extract_hidden_states_layer_ids import ID as LAYER_ID_CHECK
+from speccompat.server.adapters.extract_hidden_states_layer_ids import ID as LAYER_ID_CHECK
 from support import needs_adapter, requires_vllm, source_text, vllm_in
 
 pytestmark = requires_vllm

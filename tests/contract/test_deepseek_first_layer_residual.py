@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 import server
-from speccompat.adapters.deepseek_first_layer_residual import DEEPSEEK, ID, MODEL, _probe
-from speccompat.adapters.extract_hidden_states_layer_ids import ID as LAYER_ID_CHECK
+from speccompat.server.adapters.deepseek_first_layer_residual import DEEPSEEK, ID, MODEL, _probe
+from speccompat.server.adapters.extract_hidden_states_layer_ids import ID as LAYER_ID_CHECK
 from support import needs_adapter, requires_vllm, source_text
 
 pytestmark = requires_vllm
@@ -89,8 +89,8 @@ def test_the_loop_gets_the_ids_without_0_and_a_flag(ids: list[int]) -> None:
     from types import SimpleNamespace
 
     import speccompat
-    from speccompat.aux_edges import SERVES_ID_0
     from speccompat.record import ExtractionPath
+    from speccompat.server.aux_edges import SERVES_ID_0
 
     report = speccompat.apply(only=[ID], paths=(ExtractionPath.SERVER,), judge_support=False)
     try:
@@ -117,8 +117,8 @@ def test_the_wrapped_forward_pickles_as_the_aot_compile_cache_does() -> None:
     from vllm.model_executor.models import deepseek_v2
 
     import speccompat
-    from speccompat.aux_edges import UPSTREAM_FORWARD
     from speccompat.record import ExtractionPath
+    from speccompat.server.aux_edges import UPSTREAM_FORWARD
 
     stack = deepseek_v2.DeepseekV2Model
     own_forward = stack.forward

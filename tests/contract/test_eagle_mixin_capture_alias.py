@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 import speccompat
-from speccompat.adapters.eagle_mixin_capture_alias import (
+from speccompat.record import ExtractionPath
+from speccompat.server.adapters.eagle_mixin_capture_alias import (
     ALIASING_LINE,
     ID,
     INTERFACES,
@@ -28,7 +29,6 @@ from speccompat.adapters.eagle_mixin_capture_alias import (
     UPSTREAM,
     _probe,
 )
-from speccompat.record import ExtractionPath
 from support import needs_adapter, requires_vllm, runs_models, source_text
 
 pytestmark = requires_vllm

@@ -5,7 +5,7 @@ from typing import Any
 
 import pytest
 
-from speccompat.adapters.execute_model_sample_tokens import ID, ID_V04
+from speccompat.inprocess.adapters.execute_model_sample_tokens import ID, ID_V04
 from support import (
     needs_adapter,
     requires_speculators,

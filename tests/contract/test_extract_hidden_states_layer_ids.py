@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 
 import speccompat
-from speccompat.adapters.extract_hidden_states_layer_ids import FROM_CONFIG, ID, RUNNER
 from speccompat.layers import servable_aux_ids
 from speccompat.patching import patched_by
 from speccompat.record import ExtractionPath
+from speccompat.server.adapters.extract_hidden_states_layer_ids import FROM_CONFIG, ID, RUNNER
 from speccompat.targets import source_def
 from support import needs_adapter, requires_vllm, vllm_in
 

@@ -9,9 +9,11 @@ from typing import Any
 
 import pytest
 
-from speccompat import shm
-from speccompat.adapters.generator_sample_copy import ID, UPSTREAM_GENERATE_SHA256, _probe
-from speccompat.adapters.generator_sample_copy import upstream_generate_sha256 as installed
+from speccompat.inprocess import shm
+from speccompat.inprocess.adapters.generator_sample_copy import ID, UPSTREAM_GENERATE_SHA256, _probe
+from speccompat.inprocess.adapters.generator_sample_copy import (
+    upstream_generate_sha256 as installed,
+)
 from support import (
     needs_adapter,
     requires_generator,

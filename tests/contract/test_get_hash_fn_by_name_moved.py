@@ -8,7 +8,7 @@ import textwrap
 from typing import Any
 
 from speccompat import registry
-from speccompat.adapters.get_hash_fn_by_name_moved import ID, IMPORT, MODULE
+from speccompat.inprocess.adapters.get_hash_fn_by_name_moved import ID, IMPORT, MODULE
 from speccompat.targets import GENERATOR, module_source
 from support import needs_adapter, requires_speculators, requires_vllm, vllm_in
 

@@ -20,8 +20,8 @@ import pytest
 
 import connector_drive as drive
 import speccompat
-from speccompat.adapters.hidden_states_connector_abort_before_schedule import ID, POP
 from speccompat.record import ExtractionPath
+from speccompat.server.adapters.hidden_states_connector_abort_before_schedule import ID, POP
 from speccompat.targets import module_source
 from support import make_request, needs_adapter, requires_vllm, vllm_in
 
@@ -92,7 +92,7 @@ def test_fails_without_the_adapter(setup: Any) -> None:
 
 @vllm_in(">=0.31.0", "vLLM 0.31.0 pops with a default")
 def test_fixed_upstream_not_selected(setup: Any) -> None:
-    from speccompat.adapters.hidden_states_connector_abort_before_schedule import ADAPTER
+    from speccompat.server.adapters.hidden_states_connector_abort_before_schedule import ADAPTER
 
     assert not ADAPTER.wants(speccompat.detect())[0]
     connector = _scheduler_connector(setup)

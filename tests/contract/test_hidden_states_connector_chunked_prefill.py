@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 
 import speccompat
-from speccompat.adapters import hidden_states_connector_cpu_writer as cpu_writer
-from speccompat.adapters.hidden_states_connector_chunked_prefill import (
+from speccompat.record import ExtractionPath
+from speccompat.server.adapters import hidden_states_connector_cpu_writer as cpu_writer
+from speccompat.server.adapters.hidden_states_connector_chunked_prefill import (
     CONFIG,
     CONNECTOR,
     ID,
@@ -28,7 +29,6 @@ from speccompat.adapters.hidden_states_connector_chunked_prefill import (
     REFUSAL,
     STEP_SLOTS,
 )
-from speccompat.record import ExtractionPath
 from speccompat.targets import module_source
 from support import adapter_applies, needs_adapter, requires_vllm, state_under_user_apply, vllm_in
 

@@ -18,13 +18,13 @@ import pytest
 
 import speccompat
 from speccompat import registry
-from speccompat.adapters.hidden_states_connector_cpu_writer import (
+from speccompat.record import ExtractionPath
+from speccompat.server.adapters.hidden_states_connector_cpu_writer import (
     CONNECTOR,
     CUDA_USES,
     ID,
     CpuTorch,
 )
-from speccompat.record import ExtractionPath
 from speccompat.targets import module_source
 from support import needs_adapter, requires_vllm, vllm_in
 

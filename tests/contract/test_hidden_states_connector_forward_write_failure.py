@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import server
-from speccompat.adapters.hidden_states_connector_forward_write_failure import (
+from speccompat.server.adapters.hidden_states_connector_forward_write_failure import (
     CONNECTOR,
     FAILED,
     FORWARD_WRITE,

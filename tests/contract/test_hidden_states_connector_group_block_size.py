@@ -20,13 +20,13 @@ import pytest
 import connector_drive as drive
 import speccompat
 from speccompat import registry
-from speccompat.adapters import hidden_states_connector_cpu_writer as cpu_writer
-from speccompat.adapters.hidden_states_connector_group_block_size import (
+from speccompat.record import ExtractionPath
+from speccompat.server.adapters import hidden_states_connector_cpu_writer as cpu_writer
+from speccompat.server.adapters.hidden_states_connector_group_block_size import (
     GLOBAL_BLOCK_SIZE,
     ID,
     SLOT_REBUILD,
 )
-from speccompat.record import ExtractionPath
 from speccompat.targets import module_source
 from support import needs_adapter, requires_vllm, state_under_user_apply, vllm_in
 
@@ -139,7 +139,7 @@ def test_without_a_kv_cache_config_the_registered_cache_decides(hybrid: Any,
 @rebuilds_slots
 def test_fixed_upstream_the_same_request_reads_back_unchanged(hybrid: Any,
                                                               tmp_path: Path) -> None:
-    from speccompat.adapters.hidden_states_connector_group_block_size import ADAPTER
+    from speccompat.server.adapters.hidden_states_connector_group_block_size import ADAPTER
 
     assert not ADAPTER.wants(speccompat.detect())[0]
     assert "_get_cache_block_size" in (module_source(drive.CONNECTOR) or "")
@@ -153,7 +153,7 @@ def test_fixed_upstream_the_same_request_reads_back_unchanged(hybrid: Any,
 
 @vllm_in(">=0.22.0,<0.24.0", "only 0.22-0.23 extract in save_kv_layer")
 def test_before_0_24_the_block_size_is_set_but_never_read() -> None:
-    from speccompat.adapters.hidden_states_connector_group_block_size import ADAPTER
+    from speccompat.server.adapters.hidden_states_connector_group_block_size import ADAPTER
 
     source = module_source(drive.CONNECTOR) or ""
     assert GLOBAL_BLOCK_SIZE in source

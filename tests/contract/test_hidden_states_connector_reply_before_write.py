@@ -20,14 +20,14 @@ import pytest
 
 import connector_drive as drive
 import server
-from speccompat.adapters.hidden_states_connector_reply_before_write import (
+from speccompat.registry import SKIP_ENV
+from speccompat.server.adapters.hidden_states_connector_reply_before_write import (
     ID,
     REPLY,
     THREAD_WRITE,
     _probe,
     lock_is_held,
 )
-from speccompat.registry import SKIP_ENV
 from speccompat.targets import module_source
 from support import make_request, needs_adapter, requires_vllm, vllm_in
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import server
-from speccompat.adapters.hidden_states_connector_write_per_step import (
+from speccompat.server.adapters.hidden_states_connector_write_per_step import (
     CACHED_WITH_NEW_BLOCKS,
     CONNECTOR,
     ID,
@@ -25,7 +25,7 @@ from speccompat.adapters.hidden_states_connector_write_per_step import (
     _probe,
     prefill_completes,
 )
-from speccompat.adapters.hidden_states_connector_zero_rows import ID as ZERO_GUARD
+from speccompat.server.adapters.hidden_states_connector_zero_rows import ID as ZERO_GUARD
 from support import needs_adapter, requires_vllm, source_text, vllm_in
 
 pytestmark = requires_vllm

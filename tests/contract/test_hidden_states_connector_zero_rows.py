@@ -23,15 +23,15 @@ import pytest
 
 import connector_drive as drive
 import speccompat
-from speccompat.adapters import hidden_states_connector_cpu_writer as cpu_writer
-from speccompat.adapters.hidden_states_connector_zero_rows import (
+from speccompat.record import ExtractionPath
+from speccompat.server.adapters import hidden_states_connector_cpu_writer as cpu_writer
+from speccompat.server.adapters.hidden_states_connector_zero_rows import (
     FORWARD_WRITE,
     ID,
     THREAD_WRITE,
     ZeroHiddenStatesError,
     zero_rows,
 )
-from speccompat.record import ExtractionPath
 from speccompat.targets import module_source
 from support import needs_adapter, requires_vllm, vllm_in
 

@@ -27,7 +27,9 @@ import pytest
 
 import speccompat
 from speccompat import registry
-from speccompat.adapters.hs_connectors_internals_missing import (
+from speccompat.errors import UnsupportedConnectorError
+from speccompat.record import ExtractionPath
+from speccompat.server.adapters.hs_connectors_internals_missing import (
     CONNECTOR,
     FACTORY,
     HIDDEN_STATE_CACHE_SPEC,
@@ -36,8 +38,6 @@ from speccompat.adapters.hs_connectors_internals_missing import (
     WRITE_TENSORS,
     _probe,
 )
-from speccompat.errors import UnsupportedConnectorError
-from speccompat.record import ExtractionPath
 from speccompat.targets import module_source, source_def
 from support import extract_engine_config, needs_adapter, requires_vllm, vllm_in
 
@@ -219,7 +219,7 @@ def test_hs_connectors_refused_naming_what_is_missing(engine_config: Any, kv_cac
     # A user's subclass of one of them is refused the same way, naming both.
     fp8_cls = importlib.import_module(FP8[1]).FP8HiddenStatesConnector
     mine = type("MyConnector", (fp8_cls,), {"__module__": "my_connectors"})
-    from speccompat.adapters.hs_connectors_internals_missing import check_connector
+    from speccompat.server.adapters.hs_connectors_internals_missing import check_connector
 
     with pytest.raises(UnsupportedConnectorError, match=r"MyConnector \(a FP8HiddenStates"):
         check_connector(mine)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from speccompat.adapters.kimi_k25_cuda_current_device import ID, RAW_LINE
+from speccompat.inprocess.adapters.kimi_k25_cuda_current_device import ID, RAW_LINE
 from support import (
     needs_adapter,
     only,

@@ -9,7 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from speccompat.adapters.kimi_k25_unfused_qkv_a_proj import ID, RAW_MAPPING, unfused_target
+from speccompat.inprocess.adapters.kimi_k25_unfused_qkv_a_proj import (
+    ID,
+    RAW_MAPPING,
+    unfused_target,
+)
 from support import (
     needs_adapter,
     requires_speculators,

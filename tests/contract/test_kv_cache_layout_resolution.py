@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from speccompat.adapters.kv_cache_layout_resolution import ID
+from speccompat.inprocess.adapters.kv_cache_layout_resolution import ID
 from support import (
     needs_adapter,
     requires_speculators,

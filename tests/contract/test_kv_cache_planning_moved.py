@@ -6,7 +6,7 @@ import importlib
 import subprocess
 
 import speccompat
-from speccompat.adapters.kv_cache_planning_moved import ID, MOVED, NEW, OLD
+from speccompat.inprocess.adapters.kv_cache_planning_moved import ID, MOVED, NEW, OLD
 from support import needs_adapter, requires_speculators, requires_vllm, run_python
 
 pytestmark = [requires_vllm, requires_speculators]

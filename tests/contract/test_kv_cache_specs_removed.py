@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from speccompat.adapters.kv_cache_specs_removed import ID, ID_V04
+from speccompat.inprocess.adapters.kv_cache_specs_removed import ID, ID_V04
 from support import (
     needs_adapter,
     only,

@@ -20,14 +20,14 @@ from typing import Any
 import pytest
 
 import speccompat
-from speccompat.adapters.llama_family_edge_ids import (
+from speccompat.record import ExtractionPath
+from speccompat.server.adapters.llama_family_edge_ids import (
     BEFORE_EACH_LAYER,
     ID,
     MIXIN_CAPTURE,
     TARGETS,
     _probe,
 )
-from speccompat.record import ExtractionPath
 from support import in_fresh_process, needs_adapter, requires_vllm, source_text, vllm_in
 
 pytestmark = requires_vllm

@@ -13,7 +13,7 @@ import pytest
 
 import cpu_build
 import speccompat
-from speccompat.adapters.model_forward_drift import ID
+from speccompat.inprocess.adapters.model_forward_drift import ID
 from support import (
     in_fresh_process,
     needs_adapter,

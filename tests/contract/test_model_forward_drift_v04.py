@@ -17,7 +17,7 @@ import pytest
 
 import cpu_build
 import speccompat
-from speccompat.adapters.model_forward_drift import ID_V04
+from speccompat.inprocess.adapters.model_forward_drift import ID_V04
 from speccompat.targets import WORKER_EXTENSION, module_source
 from support import (
     needs_adapter,
@@ -84,7 +84,7 @@ def _layer_spy() -> tuple[Callable[[Any], int], Callable[[Any], dict[str, list[A
     Defined here so that cloudpickle sends them by value to the worker processes."""
 
     def install(wrapper: Any) -> int:
-        from speccompat.capture import decoder_stack
+        from speccompat.inprocess.capture import decoder_stack
 
         worker = getattr(wrapper, "worker", wrapper)
         stack = decoder_stack(worker.model_runner.get_model())

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from speccompat.adapters.prefix_caching_default_on import ID
+from speccompat.inprocess.adapters.prefix_caching_default_on import ID
 from support import (
     make_request,
     needs_adapter,

@@ -5,7 +5,7 @@ from types import ModuleType
 
 import pytest
 
-from speccompat.adapters.request_eos_token_id_removed import ID
+from speccompat.inprocess.adapters.request_eos_token_id_removed import ID
 from support import (
     needs_adapter,
     only,

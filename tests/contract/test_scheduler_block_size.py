@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from speccompat.adapters.scheduler_block_size import ID, ID_V04
+from speccompat.inprocess.adapters.scheduler_block_size import ID, ID_V04
 from support import (
     needs_adapter,
     only,

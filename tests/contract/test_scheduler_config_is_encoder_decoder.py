@@ -6,7 +6,7 @@ from types import ModuleType
 
 import pytest
 
-from speccompat.adapters.scheduler_config_is_encoder_decoder import ID
+from speccompat.inprocess.adapters.scheduler_config_is_encoder_decoder import ID
 from support import (
     needs_adapter,
     only,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from speccompat.adapters.spawn_after_cuda_init import ID
+from speccompat.inprocess.adapters.spawn_after_cuda_init import ID
 from support import (
     needs_adapter,
     requires_speculators,
@@ -50,7 +50,7 @@ def test_force_spawn_reaches_get_mp_context() -> None:
     out = run_script("""
         from vllm import envs
         from vllm.utils import system_utils
-        from speccompat.adapters.spawn_after_cuda_init import force_spawn
+        from speccompat.inprocess.adapters.spawn_after_cuda_init import force_spawn
         envs.enable_envs_cache()
         print("OUT", system_utils.get_mp_context().get_start_method())
         force_spawn()

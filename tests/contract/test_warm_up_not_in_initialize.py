@@ -10,7 +10,7 @@ import pytest
 from packaging.version import Version
 
 import speccompat
-from speccompat.adapters.warm_up_not_in_initialize import ID
+from speccompat.inprocess.adapters.warm_up_not_in_initialize import ID
 from support import needs_adapter, requires_speculators, requires_vllm, speculators_generator
 
 pytestmark = [requires_vllm, requires_speculators]

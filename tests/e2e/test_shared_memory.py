@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import support
-from speccompat import shm
+from speccompat.inprocess import shm
 
 torch = pytest.importorskip("torch")
 

@@ -18,8 +18,9 @@ from types import SimpleNamespace
 import pytest
 
 import support
-from speccompat import CorruptCaptureError, shm
-from speccompat.capture import STREAM_ENV, LayerCapture
+from speccompat import CorruptCaptureError
+from speccompat.inprocess import shm
+from speccompat.inprocess.capture import STREAM_ENV, LayerCapture
 
 torch = pytest.importorskip("torch")
 

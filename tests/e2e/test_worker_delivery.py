@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import speccompat
-from speccompat.adapters import (
+from speccompat.inprocess.adapters import (
     attn_mask_utils_removed,
     config_dtype_annotation,
     get_hash_fn_by_name_moved,

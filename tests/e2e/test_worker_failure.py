@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 import speccompat
-from speccompat import teardown
-from speccompat.adapters.collective_rpc_unique_reply_rank import ID as LIST_REPLY
+from speccompat.inprocess import teardown
+from speccompat.inprocess.adapters.collective_rpc_unique_reply_rank import ID as LIST_REPLY
 from support import (
     constructor_kwargs,
     needs_adapter,

@@ -274,7 +274,7 @@ with speculators_generator(__import__("pathlib").Path({model!r}), apply=False, l
 
 @pytest.mark.parametrize("excluded", [False, True], ids=["with", "without"])
 def test_executor_after_cuda_init(tiny_llama: Path, excluded: bool) -> None:
-    from speccompat.adapters.spawn_after_cuda_init import ID
+    from speccompat.inprocess.adapters.spawn_after_cuda_init import ID
 
     tests = str(Path(__file__).resolve().parents[1])
     script = SPAWN_AFTER_CUDA.format(tests=tests, exclude=(ID,) if excluded else (),

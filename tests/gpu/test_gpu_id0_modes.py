@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 import server
-from speccompat.adapters.eagle_mixin_capture_alias import ID as MIXIN_COPY
+from speccompat.server.adapters.eagle_mixin_capture_alias import ID as MIXIN_COPY
 from support import gpu_count, requires_vllm
 
 pytestmark = [requires_vllm,

@@ -20,7 +20,8 @@ from hypothesis import settings
 from hypothesis.configuration import set_hypothesis_home_dir
 
 import speccompat
-from speccompat import registry, rpc, targets
+from speccompat import registry, targets
+from speccompat.inprocess import rpc
 from speccompat.patching import Patcher
 from speccompat.record import Adapter, Side
 from speccompat.versions import Environment, Package, spec

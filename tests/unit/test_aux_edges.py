@@ -7,8 +7,8 @@ import pickle
 from types import SimpleNamespace
 from typing import Any
 
-from speccompat.aux_edges import SERVES_ID_0, UPSTREAM_FORWARD, serve_first_id
 from speccompat.patching import Patcher
+from speccompat.server.aux_edges import SERVES_ID_0, UPSTREAM_FORWARD, serve_first_id
 
 
 class Embeddings(list[str]):

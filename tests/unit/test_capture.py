@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from speccompat import AdapterError, CorruptCaptureError
-from speccompat.capture import LayerCapture, decoder_stack
+from speccompat.inprocess.capture import LayerCapture, decoder_stack
 from speccompat.patching import Patcher, patched_by
 
 ADAPTER = "vllm.model_forward_drift"

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 import speccompat
-import speccompat.adapters
+import speccompat.inprocess.adapters
+import speccompat.server.adapters
 from speccompat import cli, matrix
 from speccompat.record import NONE_FOUND, Adapter, Side
 from speccompat.versions import Environment
@@ -26,12 +27,25 @@ MIRROR = "speculators_0_4"
 REFERENCE = re.compile(r"#\d+|\b[0-9a-f]{7,40}\b")
 
 
+WINGS = {"inprocess": speccompat.inprocess.adapters, "server": speccompat.server.adapters}
+
+
+def wing_of() -> dict[str, str]:
+    """Adapter module name -> its wing; a name in both wings would be ambiguous in an id."""
+    found: dict[str, str] = {}
+    for wing, package in WINGS.items():
+        for m in pkgutil.iter_modules(package.__path__):
+            assert m.name not in found, f"{m.name} is in both wings"
+            found[m.name] = wing
+    return found
+
+
 def adapter_modules() -> list[str]:
-    return sorted(m.name for m in pkgutil.iter_modules(speccompat.adapters.__path__))
+    return sorted(wing_of())
 
 
 def records_of(module: str) -> list[Adapter]:
-    loaded = importlib.import_module(f"speccompat.adapters.{module}")
+    loaded = importlib.import_module(f"speccompat.{wing_of()[module]}.adapters.{module}")
     return [v for k, v in sorted(vars(loaded).items())
             if k.startswith("ADAPTER") and isinstance(v, Adapter)]
 
@@ -50,13 +64,13 @@ def test_ids_are_cause_and_module() -> None:
     seen: list[str] = []
     for module in modules:
         records = records_of(module)
-        assert records, f"adapters/{module}.py defines no ADAPTER"
+        assert records, f"{module}.py defines no ADAPTER"
         for adapter in records:
             base = f"{adapter.cause.lower()}.{module}"
             assert adapter.id in (base, f"{base}.{MIRROR}"), (module, adapter.id)
             assert catalogued.get(adapter.id) is adapter, f"{adapter.id} is not catalogued"
             seen.append(adapter.id)
-    assert sorted(seen) == sorted(catalogued), "a catalogued record outside adapters/*.py"
+    assert sorted(seen) == sorted(catalogued), "a catalogued record outside <wing>/adapters/*.py"
 
 
 def test_every_adapter_module_has_a_contract_test() -> None:

@@ -15,7 +15,7 @@ import pytest
 
 import speccompat
 from speccompat import cli
-from speccompat.rpc import collective_rpc as rpc_collective_rpc
+from speccompat.inprocess.rpc import collective_rpc as rpc_collective_rpc
 
 UPSTREAM = ("vllm", "torch", "speculators", "transformers")
 
@@ -49,8 +49,9 @@ def server_path_ids() -> list[str]:
 
 def test_adapters_import_without_vllm(tmp_path: Path) -> None:
     code = (
-        "import sys, speccompat, speccompat.adapters as a;"
-        "print(len(a.ADAPTERS));"
+        "import sys, speccompat, speccompat.inprocess.adapters as a,"
+        " speccompat.server.adapters as s;"
+        "print(len(a.ADAPTERS) + len(s.ADAPTERS));"
         f"print(sorted(m for m in sys.modules if m.split('.')[0] in {UPSTREAM!r}))"
     )
     result = run("-c", code, cwd=tmp_path)
@@ -205,7 +206,7 @@ def test_adapters_markdown(capsys: pytest.CaptureFixture[str]) -> None:
         for text in (adapter.summary, adapter.why, adapter.how, adapter.upstream,
                      adapter.upstream_ref, adapter.remove_when):
             assert text in section, (adapter.id, text)
-    import speccompat.adapters.eagle_mixin_capture_alias as module
+    import speccompat.server.adapters.eagle_mixin_capture_alias as module
 
     assert (module.__doc__ or "").strip() in by_id[module.ID]
     shared = by_id["vllm.collective_rpc_unique_reply_rank.speculators_0_4"]

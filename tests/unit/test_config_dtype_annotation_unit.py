@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from speccompat.adapters import config_dtype_annotation as adapter
+from speccompat.inprocess.adapters import config_dtype_annotation as adapter
 from speccompat.patching import Patcher, patched_by
 from speccompat.record import Side
 from speccompat.versions import spec

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from speccompat import CorruptCaptureError
-from speccompat.guards import CaptureExpectation, check_layer_states, versions_text
+from speccompat.inprocess.guards import CaptureExpectation, check_layer_states, versions_text
 
 ADAPTER = "vllm.collective_rpc_unique_reply_rank"
 

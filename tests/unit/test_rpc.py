@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from speccompat import rpc
-from speccompat.rpc import collective_rpc, unique_reply_is_bare
+from speccompat.inprocess import rpc
+from speccompat.inprocess.rpc import collective_rpc, unique_reply_is_bare
 
 HIDDEN = 3
 LAYERS = 2

@@ -1,0 +1,80 @@
+"""vLLM 0.24-0.30's ``ExampleHiddenStatesConnector.request_finished`` pops the request's
+file name with ``self._request_filenames.pop(req_id)``, and that name is recorded only when
+the request is first scheduled (``build_connector_meta``). A request that finishes before
+it was ever scheduled (its client disconnected or timed out while it waited in the queue)
+raises ``KeyError`` inside the scheduler, the engine core dies (``EngineDeadError``), and
+every other request on that server fails with it. Seen in the matrix cell vLLM 0.26.0 x
+speculators 0.5.0: a client that disconnects from a 1000-token prompt on a busy server
+took the server down.
+
+The connector answers such a request as vLLM 0.31.0 does: nothing was computed, so there
+is no file to write and no block to hold (``False, None``).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from ...patching import Patcher
+from ...record import Adapter, ExtractionPath, Side
+from ...targets import require_in_source
+from ...versions import spec
+
+ID = "vllm.hidden_states_connector_abort_before_schedule"
+CONNECTOR = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
+CLASS = "ExampleHiddenStatesConnector"
+# The pop without a default, and where the name is recorded.
+POP = "filename = self._request_filenames.pop(req_id)"
+RECORD = "self._request_filenames[new_req.req_id] = filename"
+
+log = logging.getLogger("vllm.speccompat")
+
+
+def _request_finished(finished: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(finished)
+    def request_finished(self: Any, request: Any, block_ids: list[int]) -> Any:
+        if request.request_id not in self._request_filenames:
+            log.info("speccompat: request %s finished before it was scheduled; no hidden "
+                     "states to write", request.request_id)
+            return False, None
+        return finished(self, request, block_ids)
+
+    return request_finished
+
+
+def _probe() -> str | None:
+    return require_in_source(CONNECTOR, POP, RECORD)
+
+
+def _patch(patcher: Patcher) -> None:
+    def on_connector(module: ModuleType) -> None:
+        patcher.wrap(getattr(module, CLASS), "request_finished", _request_finished)
+
+    patcher.on_import(CONNECTOR, on_connector)
+
+
+ADAPTER = Adapter(
+    id=ID,
+    summary="a request aborted before it was scheduled no longer kills the engine "
+    "(ExampleHiddenStatesConnector.request_finished)",
+    why="request_finished pops the request's file name without a default, and the name is "
+    "recorded only when the request is first scheduled: a client that disconnects or times "
+    "out while its request waits raises KeyError in the scheduler and the whole server dies",
+    how="wraps ExampleHiddenStatesConnector.request_finished: a request without a recorded "
+    "file name returns (False, None), as vLLM 0.31.0 does",
+    upstream="vLLM 0.24.0 moved the write to request_finished/get_finished with a bare "
+    "dict pop; 0.31.0 pops with a default and returns (False, None)",
+    upstream_ref="none found: vLLM 0.31.0's source, the comment 'Request was aborted before "
+    "it was ever scheduled'",
+    vllm=spec(">=0.24.0,<0.31.0"),
+    speculators=None,
+    side=Side.BOTH,
+    path=ExtractionPath.SERVER,
+    probe=_probe,
+    patch=_patch,
+    remove_when="vLLM < 0.31.0 is no longer supported",
+)
