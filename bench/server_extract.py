@@ -145,10 +145,9 @@ async def run_extract(url: str, model: str, prompts: list[list[int]],
 
 
 def run_cli(srv: Any, prompts: list[list[int]], concurrency: int, workdir: Path) -> float:
-    import server
-
+    import serving
     started = time.perf_counter()
-    run, _ = server.generate(srv, prompts, workdir, concurrency=concurrency)
+    run, _ = serving.generate(srv, prompts, workdir, concurrency=concurrency)
     seconds = time.perf_counter() - started
     if run.returncode != 0:
         raise RuntimeError(f"generate-offline-data failed:\n{run.stderr[-3000:]}")
@@ -157,13 +156,12 @@ def run_cli(srv: Any, prompts: list[list[int]], concurrency: int, workdir: Path)
 
 def measure(name: str, model: Path, workdir: Path, args: Any, rounds: list[list[list[int]]],
             warm: list[list[int]], layer_ids: list[int]) -> list[float]:
-    """One configuration on a fresh server (the tests' ``server.serve``): seconds per round
+    """One configuration on a fresh server (the tests' ``serving.serve``): seconds per round
     (``cli``: one run of speculators' CLI over the first round's prompts)."""
-    import server
-
+    import serving
     folder = workdir / name
     folder.mkdir(parents=True, exist_ok=True)
-    with server.serve(model, folder, None if name == "plain" else layer_ids, *args.vllm_args,
+    with serving.serve(model, folder, None if name == "plain" else layer_ids, *args.vllm_args,
                       env=CONFIG_ENV[name], eager=not args.no_eager,
                       max_model_len=max(1024, args.prompt_len + 16)) as srv:
         if name == "plain":
@@ -201,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if cpu:
         import cpu_env
 
-        cpu_env.set_defaults()  # server.serve drops the two-rank thread binding
+        cpu_env.set_defaults()  # serving.serve drops the two-rank thread binding
     import speccompat
 
     env = speccompat.detect()

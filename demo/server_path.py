@@ -32,25 +32,24 @@ PROMPT_LENGTHS = (7, 33, 120, 300)
 
 
 def with_speccompat(model: Path, work: Path, ids: list[int]) -> bool:
-    import server
-
-    prompts = server.prompts(PROMPT_LENGTHS)
+    import serving
+    prompts = serving.prompts(PROMPT_LENGTHS)
     started = time.monotonic()
-    with server.serve(model, work, ids, "--dtype", "float32") as srv:
+    with serving.serve(model, work, ids, "--dtype", "float32") as srv:
         print(f"  server ready in {time.monotonic() - started:.0f} s; its log says:")
         line = next((x for x in srv.log_tail(10**7).splitlines()
                      if "server-path adapters applied" in x), "(no speccompat line)")
         said = line[line.find("speccompat "):]
         print(textwrap.fill(said, width=92, initial_indent="    ",
                             subsequent_indent="      "))
-        run, out = server.generate(srv, prompts, work / "client")
+        run, out = serving.generate(srv, prompts, work / "client")
     if run.returncode != 0:
         print(f"  generate-offline-data failed:\n{run.stderr[-2000:]}")
         return False
     print(f"  generate-offline-data wrote {len(list(out.glob('hs_*.safetensors')))} files")
-    status, report = server.verify_report(out, model)
+    status, report = serving.verify_report(out, model)
     print(f"  speccompat verify: exit {status}, {report['totals']}")
-    rows = server.compare_with_hf(out, model, prompts, ids)
+    rows = serving.compare_with_hf(out, model, prompts, ids)
     worst = {layer: max(r[3] for r in rows if r[1] == layer) for layer in ids}
     for layer, error in worst.items():
         print(f"  id {layer}: largest relative error vs HF float32 {error:.1e}")
@@ -58,12 +57,11 @@ def with_speccompat(model: Path, work: Path, ids: list[int]) -> bool:
 
 
 def without_speccompat(model: Path, work: Path, ids: list[int]) -> bool:
-    import server
-
-    with server.serve(model, work, ids, "--dtype", "float32", *server.NO_CHUNKED_PREFILL,
+    import serving
+    with serving.serve(model, work, ids, "--dtype", "float32", *serving.NO_CHUNKED_PREFILL,
                       env={"SPECCOMPAT_DISABLE": "1"}) as srv:
-        status, _ = srv.completion(server.prompts((12,))[0])
-        log = server.wait_for_engine_death(srv, seconds=60)
+        status, _ = srv.completion(serving.prompts((12,))[0])
+        log = serving.wait_for_engine_death(srv, seconds=60)
         written = list(srv.storage.glob("*.safetensors"))
     died = "EngineDeadError" in log or "EngineCore" in log
     print(f"  HTTP {status}; files written: {len(written)}; engine died: {died}")
@@ -78,13 +76,13 @@ def main() -> int:
     parser.add_argument("--workdir", type=Path, default=None)
     args = parser.parse_args()
     cpu_env.set_defaults()
-    import server
+    import serving
     import tiny_models
 
     started = time.monotonic()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="speccompat-demo-"))
     model = tiny_models.build_llama(workdir / "tiny-llama", dtype="float32")
-    ids = list(range(server.num_layers(model) + 1))
+    ids = list(range(serving.num_layers(model) + 1))
     print(f"tiny Llama ({len(ids) - 1} layers) in {model}; ids {ids} (0: the embeddings, "
           f"{ids[-1]}: the final pre-norm state)")
     print("1. vLLM with extract_hidden_states, speccompat installed:")

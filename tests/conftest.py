@@ -61,7 +61,8 @@ def tiny_deepseek_llama4_scaling(models_dir: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_kimi_k25(models_dir: Path) -> Path:
-    """The tiny Kimi-K2.5 of tests/e2e/test_kimi_k25.py (same folder: built once per run)."""
+    """The tiny Kimi-K2.5 of tests/e2e/inprocess/test_kimi_k25.py (same folder: built once per
+    run)."""
     _skip_if_contract_only()
     import importlib.util
 

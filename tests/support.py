@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-import server
+import serving
 from speccompat.inprocess import teardown
 
 
@@ -30,9 +30,9 @@ requires_speculators = pytest.mark.skipif(
 
 # speculators 0.5.0 deleted the in-process generator: the server-path tests cover those.
 requires_generator = pytest.mark.skipif(
-    not server.module_installed("speculators.data_generation.vllm_hidden_states_generator"),
+    not serving.module_installed("speculators.data_generation.vllm_hidden_states_generator"),
     reason="the installed speculators has no in-process VllmHiddenStatesGenerator (removed "
-           "in 0.5.0; the server path is tested by tests/e2e/test_server_*.py)")
+           "in 0.5.0; the server path is tested by tests/e2e/server/)")
 
 
 def contract_only_reason() -> str:

@@ -159,10 +159,10 @@ def require_generator_tests(stage: Mapping[str, Any], junit: Path, path: str) ->
 
 
 def _is_server_test(case: ET.Element) -> bool:
-    """A testcase of tests/e2e/test_server_*.py (pytest's classname is the module's dotted
-    path, then any class)."""
-    return any(part.startswith("test_server_")
-               for part in str(case.get("classname") or "").split("."))
+    """A testcase of tests/e2e/server/: the folder says the path (pytest's classname is the
+    module's dotted path, then any class)."""
+    return ".e2e.server." in f'.{case.get("classname") or ""}.'
+
 
 
 def require_server_tests(stage: Mapping[str, Any], junit: Path, path: str,
@@ -170,7 +170,7 @@ def require_server_tests(stage: Mapping[str, Any], junit: Path, path: str,
     """A server-path cell's passed e2e ``stage``, made "skipped" (the record then says
     contract only, with the reason) where the CPU build cannot run the path at all
     (``cannot_serve``, from tests/cpu_build.server_path_blocker: a test that watches a server
-    refuse to start may still pass there), or where no test of tests/e2e/test_server_*.py
+    refuse to start may still pass there), or where no test of tests/e2e/server/
     passed (the other e2e tests, verify and shared memory, passing is not the server path
     running). Unchanged otherwise."""
     if path != "server" or stage.get("outcome") != PASSED:
@@ -463,12 +463,12 @@ def render(cells: Sequence[CellLike], records: Mapping[Key, Mapping[str, Any]]) 
 PATHS = (
     ("in-process", "In-process generator (speculators 0.3.0, 0.4.0)",
      "speculators' `VllmHiddenStatesGenerator` inside the Python process, with "
-     "`speccompat.apply()`; e2e: tests/e2e/test_seed_pair.py and friends."),
+     "`speccompat.apply()`; e2e: tests/e2e/inprocess/test_seed_pair.py and friends."),
     ("server", "Server path (speculators 0.5.0 to 0.9.0)",
      "`vllm serve` with `--speculative-config '{\"method\": \"extract_hidden_states\", ...}'` "
      "and the hidden-states KV connector, speccompat loaded as a vLLM plugin; the client is "
      "speculators' own (`speculators generate-offline-data` from 0.8.0, the library's "
-     "`vllm_client.generate_hidden_states` before). e2e: tests/e2e/test_server_*.py against "
+     "`vllm_client.generate_hidden_states` before). e2e: tests/e2e/server/ against "
      "HF float32. A cell is \"contract only\" where vLLM's CPU build cannot run the path "
      "(the reason is shown); it is never \"passed\" on contract tests alone."),
 )

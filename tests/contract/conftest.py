@@ -116,23 +116,11 @@ def kv_cache_config(vllm_config, kv_cache_groups):  # type: ignore[no-untyped-de
 
 
 # --- one extraction path per cell -------------------------------------------------------
-# A contract module whose adapters all serve one extraction path (their record's ``path``)
-# runs in that path's cells only: in-process modules in the cells of speculators 0.3.0/0.4.0,
-# server-path modules in those of speculators 0.5.0-0.9.0. Every vLLM release from 0.17.0
-# has cells of both, so each module still runs on each release; modules without an adapter
-# run everywhere.
-
-
-def module_paths() -> dict[str, str]:
-    """``test_<module>.py`` -> "in-process" or "server", from the adapter catalogue."""
-    import speccompat
-
-    by_module: dict[str, set[str]] = {}
-    for adapter in speccompat.catalogue():
-        module = f"test_{adapter.id.split('.')[1]}.py"
-        by_module.setdefault(module, set()).add(adapter.path.value)
-    return {module: next(iter(paths)) for module, paths in by_module.items()
-            if len(paths) == 1}
+# The folder says the path: tests/contract/inprocess/ runs in the cells of speculators
+# 0.3.0/0.4.0, tests/contract/server/ in those of speculators 0.5.0-0.9.0. Every vLLM release
+# from 0.17.0 has cells of both, so each module still runs on each release; facts/ (no
+# adapter) runs everywhere.
+FOLDER_PATHS = {"inprocess": "in-process", "server": "server"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -144,9 +132,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             matrix.FIRST_SERVER_VLLM):
         return
     here = matrix.path_of(env.speculators.version)
-    paths = module_paths()
     for item in items:
-        path = paths.get(item.path.name)
+        path = FOLDER_PATHS.get(item.path.parent.name)
         if path is not None and path != here:
             other = ("speculators 0.5.0-0.9.0" if path == "server"
                      else "speculators 0.3.0/0.4.0")

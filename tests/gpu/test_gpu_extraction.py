@@ -25,7 +25,8 @@ from support import (
 
 pytestmark = [requires_vllm, requires_speculators, requires_cuda]
 
-# bf16 in vLLM against HF in fp32 on the same bf16 weights (see tests/e2e/test_seed_pair.py).
+# bf16 in vLLM against HF in fp32 on the same bf16 weights
+# (see tests/e2e/inprocess/test_seed_pair.py).
 MEAN_TOLERANCE = 0.05
 MAX_TOLERANCE = 0.15
 GPU_MEMORY = 0.3  # the tests share the GPU with the HF reference

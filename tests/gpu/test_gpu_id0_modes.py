@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-import server
+import serving
 from speccompat.server.adapters.eagle_mixin_capture_alias import ID as MIXIN_COPY
 from support import gpu_count, requires_vllm
 
@@ -64,16 +64,16 @@ def _prompts() -> list[list[int]]:
 
 def _serve_and_fetch(model: Path, work: Path, mode: Mode, extra: tuple[str, ...],
                      fp32_env: dict[str, str]) -> Any:
-    ids = list(range(server.num_layers(model) + 1))
+    ids = list(range(serving.num_layers(model) + 1))
     env = {"VLLM_CACHE_ROOT": str(work / "vllm-cache")}
     if mode.dtype == "float32":
         env.update(fp32_env)
     if not mode.speccompat:
         env["SPECCOMPAT_SKIP"] = MIXIN_COPY
     try:
-        with server.serve(model, work, ids, "--dtype", mode.dtype, *GPU_ARGS, *extra,
+        with serving.serve(model, work, ids, "--dtype", mode.dtype, *GPU_ARGS, *extra,
                           env=env, eager=mode.eager) as srv:
-            states = [server.fetch_states(srv, prompt) for prompt in _prompts()]
+            states = [serving.fetch_states(srv, prompt) for prompt in _prompts()]
             log = srv.log_tail(10**7)
     finally:
         if folder := os.environ.get("SPECCOMPAT_GPU_LOGS"):

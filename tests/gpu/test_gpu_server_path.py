@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-import server
+import serving
 from support import gpu_count, requires_vllm
 
 pytestmark = [requires_vllm,
@@ -61,10 +61,10 @@ def _extract_and_compare(model: Path, tmp_path: Path, name: str, *extra: str,
     if env_v2:
         env["VLLM_USE_V2_MODEL_RUNNER"] = "1"
     try:
-        with server.serve(model, tmp_path, ids, *GPU_ARGS, *extra, env=env,
+        with serving.serve(model, tmp_path, ids, *GPU_ARGS, *extra, env=env,
                           eager=False) as srv:
-            states = [server.fetch_states(srv, prompt) for prompt in prompts]
-            again = server.fetch_states(srv, prompts[1])  # a second batch, prefix-cached
+            states = [serving.fetch_states(srv, prompt) for prompt in prompts]
+            again = serving.fetch_states(srv, prompts[1])  # a second batch, prefix-cached
             log = srv.log_tail(10**7)
     finally:
         _keep_log(tmp_path, name)

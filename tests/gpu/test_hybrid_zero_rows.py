@@ -92,18 +92,17 @@ def _extract(case: str, path: Path, workdir: Path, prompts: list[list[int]], *,
     file's ``hidden_states`` (``None`` where no file was written), and the server's log."""
     from safetensors.torch import load_file
 
-    import server
-
+    import serving
     env = {} if speccompat_on else {"SPECCOMPAT_DISABLE": "1"}
     _, executor = CASES[case]
     found: list[Any] = []
-    with server.serve(path, workdir, LAYER_IDS, *FLAGS, *executor, env=env) as running:
+    with serving.serve(path, workdir, LAYER_IDS, *FLAGS, *executor, env=env) as running:
         for prompt in prompts:
             status, body = running.completion(prompt)
             assert status == 200, (status, body, running.log_tail())
             params = body.get("kv_transfer_params") or {}
             file = Path(params["hidden_states_path"])
-            server.wait_until_written(file)
+            serving.wait_until_written(file)
             if file.exists():
                 data = load_file(str(file))
                 assert data["token_ids"].tolist() == prompt[: data["token_ids"].numel()]

@@ -74,9 +74,10 @@ def test_ids_are_cause_and_module() -> None:
 
 
 def test_every_adapter_module_has_a_contract_test() -> None:
-    missing = [m for m in adapter_modules()
-               if not (ROOT / "tests" / "contract" / f"test_{m}.py").is_file()]
-    assert not missing, f"no tests/contract/test_<module>.py for {missing}"
+    """In the folder of the adapter's wing: tests/contract/<wing>/test_<module>.py."""
+    missing = [m for m, wing in sorted(wing_of().items())
+               if not (ROOT / "tests" / "contract" / wing / f"test_{m}.py").is_file()]
+    assert not missing, f"no tests/contract/<wing>/test_<module>.py for {missing}"
 
 
 def test_every_adapter_selects_a_matrix_cell(env_factory: Callable[..., Environment]) -> None:

@@ -282,7 +282,7 @@ SERVER_CELL = FakeCell("0.21.0", "0.9.0", path="server")
 def junit_with_skips(path: Path, reasons: list[str]) -> Path:
     cases = "".join(
         f'<testcase classname="t" name="t{i}" time="0.1"><skipped type="pytest.skip" '
-        f'message="tests/e2e/test_server_path.py:{i}: {html.escape(r)}">x</skipped>'
+        f'message="tests/e2e/server/test_server_path.py:{i}: {html.escape(r)}">x</skipped>'
         '</testcase>' for i, r in enumerate(reasons))
     path.write_text(
         '<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" '
@@ -337,7 +337,7 @@ def test_a_record_keeps_the_environment_fix_and_the_row_marks_it(tmp_path: Path)
 
 def test_an_in_process_cell_fails_where_the_generator_tests_skipped(tmp_path: Path) -> None:
     no_generator = ("the installed speculators has no in-process VllmHiddenStatesGenerator "
-                    "(removed in 0.5.0; the server path is tested by tests/e2e/test_server_*.py)")
+                    "(removed in 0.5.0; the server path is tested by tests/e2e/server/)")
     e2e_junit = junit_with_skips(tmp_path / "e2e.xml", ["needs two cores", no_generator])
     passed = {"outcome": compat.PASSED, "tests": 3, "passed": 1, "skipped": 2}
     stage = compat.require_generator_tests(passed, e2e_junit, "in-process")
@@ -351,9 +351,10 @@ def test_an_in_process_cell_fails_where_the_generator_tests_skipped(tmp_path: Pa
 
 
 def junit_cases(path: Path, cases: list[tuple[str, str]]) -> Path:
-    """A junit file of (module, skip reason or "" for passed) test cases."""
+    """A junit file of (module under tests/e2e, "server/test_x" in a folder; skip reason or ""
+    for passed) test cases."""
     body = "".join(
-        f'<testcase classname="tests.e2e.{module}" name="t{i}" time="0.1">'
+        f'<testcase classname="tests.e2e.{module.replace("/", ".")}" name="t{i}" time="0.1">'
         + (f'<skipped type="pytest.skip" message="tests/e2e/{module}.py:{i}: '
            f'{html.escape(reason)}">x</skipped>' if reason else "")
         + "</testcase>" for i, (module, reason) in enumerate(cases))
@@ -368,8 +369,9 @@ def junit_cases(path: Path, cases: list[tuple[str, str]]) -> Path:
 def test_a_server_cell_whose_server_tests_all_skipped_is_contract_only(tmp_path: Path) -> None:
     why = "vLLM CPU build: the rejection sampler takes no SYNTHETIC_MODE"
     e2e_junit = junit_cases(tmp_path / "e2e.xml", [
-        ("test_verify_outputs", ""), ("test_server_path", why), ("test_server_path", why),
-        ("test_server_tensor_parallel", "needs two cores")])
+        ("test_verify_outputs", ""), ("server/test_server_path", why),
+        ("server/test_server_path", why),
+        ("server/test_server_tensor_parallel", "needs two cores")])
     passed = compat.stage_from_junit(e2e_junit)
     assert passed["outcome"] == compat.PASSED  # a non-server test passed
     stage = compat.require_server_tests(passed, e2e_junit, "server")
@@ -378,7 +380,8 @@ def test_a_server_cell_whose_server_tests_all_skipped_is_contract_only(tmp_path:
     rec = record(SERVER_CELL, ok, stage)
     assert rec["outcome"] == compat.CONTRACT_ONLY and rec["reason"] == why
     # Unchanged where a server test passed, and on the in-process path.
-    ran = junit_cases(tmp_path / "ran.xml", [("test_server_path", ""), ("test_server_path", why)])
+    ran = junit_cases(tmp_path / "ran.xml",
+                      [("server/test_server_path", ""), ("server/test_server_path", why)])
     assert compat.require_server_tests(passed, ran, "server") == passed
     assert compat.require_server_tests(passed, e2e_junit, "in-process") == passed
     # A CPU build that cannot serve at all: contract only whatever start-up checks passed.

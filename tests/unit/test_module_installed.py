@@ -1,4 +1,4 @@
-"""tests/server.py's ``module_installed``: a presence check that never imports the package
+"""tests/serving.py's ``module_installed``: a presence check that never imports the package
 (speculators 0.3.0/0.4.0 raise at import under transformers >= 5.4 without speccompat)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import server
+import serving
 
 
 @pytest.fixture
@@ -24,13 +24,13 @@ def package_that_raises(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def test_finds_a_submodule_without_importing(package_that_raises: str) -> None:
-    assert server.module_installed(f"{package_that_raises}.data_generation.generator")
-    assert server.module_installed(f"{package_that_raises}.data_generation")
-    assert server.module_installed(package_that_raises)
+    assert serving.module_installed(f"{package_that_raises}.data_generation.generator")
+    assert serving.module_installed(f"{package_that_raises}.data_generation")
+    assert serving.module_installed(package_that_raises)
     assert package_that_raises not in sys.modules
 
 
 def test_missing_submodule_or_package(package_that_raises: str) -> None:
-    assert not server.module_installed(f"{package_that_raises}.data_generation.removed")
-    assert not server.module_installed("speccompat_no_such_package.anything")
+    assert not serving.module_installed(f"{package_that_raises}.data_generation.removed")
+    assert not serving.module_installed("speccompat_no_such_package.anything")
     assert package_that_raises not in sys.modules

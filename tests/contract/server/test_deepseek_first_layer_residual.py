@@ -4,7 +4,7 @@ the first request on every release with the capture (0.18.0 .. 0.32.0). The adap
 vLLM's forward the embeddings as ``inputs_embeds``, hides id 0 from its loop and puts a copy
 in id 0's slot.
 
-Raw, normalized and fails-without-it run a real server (tests/server.py) on the tiny
+Raw, normalized and fails-without-it run a real server (tests/serving.py) on the tiny
 DeepSeek V3; id 0 is compared with HF's ``output_hidden_states[0]`` bit for bit."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-import server
+import serving
 from speccompat.server.adapters.deepseek_first_layer_residual import DEEPSEEK, ID, MODEL, _probe
 from speccompat.server.adapters.extract_hidden_states_layer_ids import ID as LAYER_ID_CHECK
 from support import needs_adapter, requires_vllm, source_text
@@ -46,14 +46,14 @@ def test_raw_id_0_fails_before_any_file(tiny_deepseek: Path, tmp_path: Path) -> 
     """Without the adapter (and without the start-up check that would refuse id 0): a
     TypeError adding None, at warm-up (the server never gets ready) or at the first
     request (the engine dies)."""
-    server.skip_unless_the_cpu_build_serves()
-    env = {**server.DEEPSEEK_CPU_ENV, "SPECCOMPAT_SKIP": f"{ID},{LAYER_ID_CHECK}"}
+    serving.skip_unless_the_cpu_build_serves()
+    env = {**serving.DEEPSEEK_CPU_ENV, "SPECCOMPAT_SKIP": f"{ID},{LAYER_ID_CHECK}"}
     try:
-        with server.serve(tiny_deepseek, tmp_path, IDS, *server.DEEPSEEK_CPU_ARGS,
-                          *server.NO_CHUNKED_PREFILL, env=env) as srv:
+        with serving.serve(tiny_deepseek, tmp_path, IDS, *serving.DEEPSEEK_CPU_ARGS,
+                          *serving.NO_CHUNKED_PREFILL, env=env) as srv:
             status, _ = srv.completion(_prompts()[0])
             assert status != 200
-            server.wait_for_engine_death(srv)
+            serving.wait_for_engine_death(srv)
     except RuntimeError as error:
         assert "exited" in str(error)
     log = (tmp_path / "server.log").read_text(errors="replace")
@@ -64,11 +64,11 @@ def test_raw_id_0_fails_before_any_file(tiny_deepseek: Path, tmp_path: Path) -> 
 def test_normalized_id_0_is_the_embeddings(tiny_deepseek: Path, tmp_path: Path) -> None:
     import hf_reference
 
-    server.skip_unless_the_cpu_build_serves()
+    serving.skip_unless_the_cpu_build_serves()
     prompts = _prompts()
-    with server.serve(tiny_deepseek, tmp_path, IDS, *server.DEEPSEEK_CPU_ARGS,
-                      *server.NO_CHUNKED_PREFILL, env=server.DEEPSEEK_CPU_ENV) as srv:
-        states = [server.fetch_states(srv, prompt) for prompt in prompts]
+    with serving.serve(tiny_deepseek, tmp_path, IDS, *serving.DEEPSEEK_CPU_ARGS,
+                      *serving.NO_CHUNKED_PREFILL, env=serving.DEEPSEEK_CPU_ENV) as srv:
+        states = [serving.fetch_states(srv, prompt) for prompt in prompts]
         log = srv.log_tail(10**7)
     assert ID in log
     reference = hf_reference.layer_inputs(tiny_deepseek, prompts)

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 import connector_drive as drive
-import server
+import serving
 from speccompat.registry import SKIP_ENV
 from speccompat.server.adapters.hidden_states_connector_reply_before_write import (
     ID,
@@ -66,7 +66,7 @@ def test_raw_the_reply_names_a_file_not_yet_written(setup: Any) -> None:
     assert REPLY in source and THREAD_WRITE in source
 
 
-def _replies(srv: server.Server, prompts: list[list[int]]) -> list[tuple[bool, bool, Path]]:
+def _replies(srv: serving.Server, prompts: list[list[int]]) -> list[tuple[bool, bool, Path]]:
     """Each reply, at the moment it arrives: (its lock still held, its file on disk, the
     path)."""
 
@@ -93,9 +93,9 @@ def _check_files(paths: list[Path], prompts: list[list[int]]) -> None:
 @applies
 def test_normalized_each_reply_comes_with_its_file_written(tiny_llama: Path,
                                                            tmp_path: Path) -> None:
-    server.skip_unless_the_cpu_build_serves()
-    prompts = server.prompts(PROMPT_LENGTHS)
-    with server.serve(tiny_llama, tmp_path, LAYER_IDS) as srv:
+    serving.skip_unless_the_cpu_build_serves()
+    prompts = serving.prompts(PROMPT_LENGTHS)
+    with serving.serve(tiny_llama, tmp_path, LAYER_IDS) as srv:
         seen = _replies(srv, prompts)
         assert [(held, exists) for held, exists, _ in seen] == [(False, True)] * REQUESTS, (
             seen, srv.log_tail())
@@ -104,13 +104,13 @@ def test_normalized_each_reply_comes_with_its_file_written(tiny_llama: Path,
 
 @applies
 def test_without_it_a_reply_comes_before_its_file(tiny_llama: Path, tmp_path: Path) -> None:
-    server.skip_unless_the_cpu_build_serves()
-    prompts = server.prompts(PROMPT_LENGTHS)
-    with server.serve(tiny_llama, tmp_path, LAYER_IDS, env={SKIP_ENV: ID}) as srv:
+    serving.skip_unless_the_cpu_build_serves()
+    prompts = serving.prompts(PROMPT_LENGTHS)
+    with serving.serve(tiny_llama, tmp_path, LAYER_IDS, env={SKIP_ENV: ID}) as srv:
         seen = _replies(srv, prompts)
         early = sum(held or not exists for held, exists, _ in seen)
         print(f"without the adapter: {early} of {REQUESTS} replies before their file")
         assert early, seen
         for _, _, path in seen:
-            server.wait_until_written(path)  # what speculators 0.6.0 on do
+            serving.wait_until_written(path)  # what speculators 0.6.0 on do
         _check_files([path for _, _, path in seen], prompts)

@@ -127,10 +127,10 @@ def test_raw_the_final_id_is_never_captured(request: pytest.FixtureRequest) -> N
     if not in_fresh_process(request):
         return
     engine = request.getfixturevalue("engine")
-    import server
+    import serving
     import tiny_models
 
-    n = server.num_layers(engine.model_dir)
+    n = serving.num_layers(engine.model_dir)
     prompt = tiny_models.make_prompts(tiny_models.VOCAB_SIZE, [12])[0]
     states = _aux_states(engine, [1, n], prompt)
     assert len(states) == 1  # one state fewer than asked: id N matched no loop step
@@ -142,10 +142,10 @@ def test_normalized_every_id_matches_hf(request: pytest.FixtureRequest) -> None:
         return
     engine = request.getfixturevalue("engine")
     import hf_reference
-    import server
+    import serving
     import tiny_models
 
-    n = server.num_layers(engine.model_dir)
+    n = serving.num_layers(engine.model_dir)
     ids = list(range(n + 1))
     prompts = tiny_models.make_prompts(tiny_models.VOCAB_SIZE, [7, 33], seed=3)
     report = speccompat.apply(only=[ID], paths=(ExtractionPath.SERVER,), judge_support=False)

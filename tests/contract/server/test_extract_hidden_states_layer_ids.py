@@ -4,7 +4,7 @@ checks them where the model runner reads them, against ``layers.servable_aux_ids
 The table in ``servable_aux_ids`` rests on the model sources read here per release (the
 DeepSeek final-layer capture from 0.25.0, the residual added before DeepSeek's first layer,
 Llama's capture after the last layer from 0.18.0). The server refusing unservable ids at
-start-up, and the raw first-request failure, are in tests/e2e/test_server_path.py."""
+start-up, and the raw first-request failure, are in tests/e2e/server/test_server_path.py."""
 
 from __future__ import annotations
 

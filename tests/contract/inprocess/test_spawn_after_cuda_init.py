@@ -22,7 +22,7 @@ from support import (
 )
 
 pytestmark = [requires_vllm, requires_speculators]
-TESTS = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parents[2]
 
 
 def run_script(body: str) -> str:

@@ -91,7 +91,7 @@ def test_kimi_loads_and_matches_hf(tiny_kimi_k25: Path) -> None:
     rows = hf_reference.layer_errors(results, reference, LAYER_IDS)
     print("KIMI_VS_HF", ID, rows)
     for layer, tokens, mean, _, off in rows:
-        # bf16 MoE routing flips move a few tokens (see tests/e2e/test_seed_pair.py).
+        # bf16 MoE routing flips move a few tokens (see tests/e2e/inprocess/test_seed_pair.py).
         assert mean < 0.05 and off <= 0.05 * tokens, (layer, tokens, mean, off)
 
 

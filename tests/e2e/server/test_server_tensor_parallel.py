@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-import server
+import serving
 from support import requires_speculators, requires_vllm, speculators_in
 
 pytestmark = [requires_vllm, requires_speculators,
@@ -38,7 +38,7 @@ SETTLE_SECONDS = 10.0
 
 @pytest.fixture(scope="module")
 def llama_fp32(models_dir: Path) -> Path:
-    return server.llama_fp32(models_dir)
+    return serving.llama_fp32(models_dir)
 
 
 def _stamp(path: Path) -> tuple[int, int, int]:
@@ -48,14 +48,14 @@ def _stamp(path: Path) -> tuple[int, int, int]:
 
 def test_tp2_every_id_matches_hf_fp32_one_write_per_request(llama_fp32: Path,
                                                            tmp_path: Path) -> None:
-    server.skip_unless_the_cpu_build_serves()
-    layer_ids = list(range(server.num_layers(llama_fp32) + 1))
-    batches = [server.prompts(lengths, seed=seed) for lengths, seed in (FIRST, SECOND)]
-    probe = server.prompts((40,), seed=3)[0]
-    with server.serve(llama_fp32, tmp_path, layer_ids, *TP2, env=TP2_ENV) as srv:
+    serving.skip_unless_the_cpu_build_serves()
+    layer_ids = list(range(serving.num_layers(llama_fp32) + 1))
+    batches = [serving.prompts(lengths, seed=seed) for lengths, seed in (FIRST, SECOND)]
+    probe = serving.prompts((40,), seed=3)[0]
+    with serving.serve(llama_fp32, tmp_path, layer_ids, *TP2, env=TP2_ENV) as srv:
         outs = []
         for number, prompts in enumerate(batches):
-            run, out = server.generate(srv, prompts, tmp_path / f"batch{number}")
+            run, out = serving.generate(srv, prompts, tmp_path / f"batch{number}")
             assert run.returncode == 0, run.stderr[-4000:] + srv.log_tail()
             outs.append(out)
         # One request read as vLLM's own load_hidden_states does (shared lock), then left
@@ -63,7 +63,7 @@ def test_tp2_every_id_matches_hf_fp32_one_write_per_request(llama_fp32: Path,
         status, body = srv.completion(probe)
         assert status == 200, f"HTTP {status}: {body}\n{srv.log_tail()}"
         path = Path(body["kv_transfer_params"]["hidden_states_path"])
-        server.wait_until_written(path)
+        serving.wait_until_written(path)
         written = _stamp(path)
         time.sleep(SETTLE_SECONDS)
         settled = _stamp(path)
@@ -73,9 +73,9 @@ def test_tp2_every_id_matches_hf_fp32_one_write_per_request(llama_fp32: Path,
     assert "server-path adapters applied" in log, log[-4000:]
     assert "Hidden-states write failed" not in log, log[-4000:]
     # The CLI moved every file it was given and removed its lock; nothing else was written.
-    lock = [f"{path.name}.lock"] if server.connector_makes_locks() else []
+    lock = [f"{path.name}.lock"] if serving.connector_makes_locks() else []
     expected = sorted([path.name, *lock])
-    if server.client_leaves_locks():
+    if serving.client_leaves_locks():
         # speculators 0.5.0's client: the lock of every file it moved stays behind.
         stray = [name for name in left if name not in expected]
         assert all(name.endswith(".lock") and name.removesuffix(".lock") not in left
@@ -86,8 +86,8 @@ def test_tp2_every_id_matches_hf_fp32_one_write_per_request(llama_fp32: Path,
     assert settled == written, f"{path} was written again after its lock was released"
     rows = []
     for out, prompts in zip(outs, batches, strict=True):
-        assert server.verify(out, llama_fp32)["ok"] is True
-        rows += server.compare_with_hf(out, llama_fp32, prompts, layer_ids)
+        assert serving.verify(out, llama_fp32)["ok"] is True
+        rows += serving.compare_with_hf(out, llama_fp32, prompts, layer_ids)
     rows += _compare_one(path, llama_fp32, probe, layer_ids)
     prompt, layer, _, worst = max(rows, key=lambda r: r[3])
     print(f"TP=2 worst max relative error vs HF fp32: {worst:.2e} (prompt {prompt}, id {layer})")
@@ -100,6 +100,6 @@ def _compare_one(path: Path, model: Path, prompt: list[int],
     folder = path.parent / "probe"
     folder.mkdir()
     os.link(path, folder / "hs_0.safetensors")
-    assert server.verify(folder, model)["ok"] is True
+    assert serving.verify(folder, model)["ok"] is True
     return [(-1, layer, mean, worst) for _, layer, mean, worst
-            in server.compare_with_hf(folder, model, [prompt], layer_ids)]
+            in serving.compare_with_hf(folder, model, [prompt], layer_ids)]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-import server
+import serving
 from speccompat.server.adapters.hidden_states_connector_chunked_prefill import ID, REFUSAL
 from support import (
     adapter_applies,
@@ -39,30 +39,30 @@ CHUNKED = ("--dtype", "float32", "--enable-chunked-prefill",
 
 @pytest.fixture(scope="module")
 def llama_fp32(models_dir: Path) -> Path:
-    return server.llama_fp32(models_dir)
+    return serving.llama_fp32(models_dir)
 
 
 @pytest.fixture(scope="module")
 def llama_fp32_refused(models_dir: Path) -> Path:
     """For a server that must refuse to start: runs where no engine could serve (0.23)."""
-    return server.llama_fp32(models_dir, serving=False)
+    return serving.llama_fp32(models_dir, serving=False)
 
 
 def test_a_prompt_longer_than_the_token_budget_matches_hf_fp32(llama_fp32: Path,
                                                                tmp_path: Path) -> None:
     """Ids 0..N, a 200-token prompt with a 64-token budget, concurrency 3."""
-    layer_ids = list(range(server.num_layers(llama_fp32) + 1))
-    prompts = server.prompts(LENGTHS)
+    layer_ids = list(range(serving.num_layers(llama_fp32) + 1))
+    prompts = serving.prompts(LENGTHS)
     assert max(map(len, prompts)) > BUDGET
-    with server.serve(llama_fp32, tmp_path, layer_ids, *CHUNKED) as srv:
-        run, out = server.generate(srv, prompts, tmp_path / "run", concurrency=3)
+    with serving.serve(llama_fp32, tmp_path, layer_ids, *CHUNKED) as srv:
+        run, out = serving.generate(srv, prompts, tmp_path / "run", concurrency=3)
         assert run.returncode == 0, run.stderr[-4000:] + srv.log_tail()
         log = srv.log_tail(10**7)
     assert f"Chunked prefill is enabled with max_num_batched_tokens={BUDGET}" in log, log[-4000:]
     applied = next(line for line in log.splitlines() if "server-path adapters applied" in line)
     assert (ID in applied) is adapter_applies(ID)[0], applied
-    assert server.verify(out, llama_fp32)["ok"] is True
-    rows = server.compare_with_hf(out, llama_fp32, prompts, layer_ids)
+    assert serving.verify(out, llama_fp32)["ok"] is True
+    rows = serving.compare_with_hf(out, llama_fp32, prompts, layer_ids)
     prompt, layer, _, worst = max(rows, key=lambda r: r[3])
     assert worst < FP32_BOUND, f"prompt {prompt}, id {layer}: {worst:.2e}"
 
@@ -73,7 +73,7 @@ def test_without_speccompat_vllm_refuses_chunked_prefill_at_start(llama_fp32_ref
     """The raw behaviour (only this adapter skipped): the server exits before it is ready,
     with vLLM's refusal (a ValueError inside pydantic's ValidationError for VllmConfig)."""
     with pytest.raises(RuntimeError, match="exited"), \
-            server.serve(llama_fp32_refused, tmp_path, [1, 2], *CHUNKED,
+            serving.serve(llama_fp32_refused, tmp_path, [1, 2], *CHUNKED,
                          env={"SPECCOMPAT_SKIP": ID}):
         pass
     text = (tmp_path / "server.log").read_text(errors="replace")

@@ -3,14 +3,14 @@ so DeepSeek's final id (num_hidden_layers, the final pre-norm state) kills an
 extract_hidden_states engine at its first request; the adapter lets vLLM's own loop run one
 pass-through step further so the state is captured there.
 
-Raw, normalized and fails-without-it run a real server (tests/server.py) on the tiny
+Raw, normalized and fails-without-it run a real server (tests/serving.py) on the tiny
 DeepSeek V3; values are checked against an HF float32 forward of the same weights."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import server
+import serving
 from speccompat.server.adapters.deepseek_final_layer_capture import (
     AFTER_THE_LAST,
     BEFORE_EACH_LAYER,
@@ -61,13 +61,13 @@ def test_the_probe_sees_the_upstream_capture() -> None:
 def test_raw_the_final_id_kills_the_engine_at_the_first_request(tiny_deepseek: Path,
                                                                 tmp_path: Path) -> None:
     """Without the adapter (and without the start-up check that would refuse the id)."""
-    server.skip_unless_the_cpu_build_serves()
+    serving.skip_unless_the_cpu_build_serves()
     ids = list(range(1, _num_layers(tiny_deepseek) + 1))
-    env = {**server.DEEPSEEK_CPU_ENV, "SPECCOMPAT_SKIP": f"{ID},{LAYER_ID_CHECK}"}
-    with server.serve(tiny_deepseek, tmp_path, ids, *server.DEEPSEEK_CPU_ARGS,
-                      *server.NO_CHUNKED_PREFILL, env=env) as srv:
+    env = {**serving.DEEPSEEK_CPU_ENV, "SPECCOMPAT_SKIP": f"{ID},{LAYER_ID_CHECK}"}
+    with serving.serve(tiny_deepseek, tmp_path, ids, *serving.DEEPSEEK_CPU_ARGS,
+                      *serving.NO_CHUNKED_PREFILL, env=env) as srv:
         status, _ = srv.completion(_prompts()[0])
-        log = server.wait_for_engine_death(srv)
+        log = serving.wait_for_engine_death(srv)
     assert status != 200
     assert "must match the existing size" in log, log[-4000:]
 
@@ -78,13 +78,13 @@ def test_normalized_the_final_id_is_the_final_pre_norm_state(tiny_deepseek: Path
     """Ids 1..N on one server: every one against HF, and N is not N - 1 again."""
     import hf_reference
 
-    server.skip_unless_the_cpu_build_serves()
+    serving.skip_unless_the_cpu_build_serves()
     n = _num_layers(tiny_deepseek)
     ids = list(range(1, n + 1))
     prompts = _prompts()
-    with server.serve(tiny_deepseek, tmp_path, ids, *server.DEEPSEEK_CPU_ARGS,
-                      *server.NO_CHUNKED_PREFILL, env=server.DEEPSEEK_CPU_ENV) as srv:
-        states = [server.fetch_states(srv, prompt) for prompt in prompts]
+    with serving.serve(tiny_deepseek, tmp_path, ids, *serving.DEEPSEEK_CPU_ARGS,
+                      *serving.NO_CHUNKED_PREFILL, env=serving.DEEPSEEK_CPU_ENV) as srv:
+        states = [serving.fetch_states(srv, prompt) for prompt in prompts]
         log = srv.log_tail(10**7)
     assert ID in log  # the plugin's one line names the adapters it applied
     reference = hf_reference.layer_inputs(tiny_deepseek, prompts)

@@ -7,7 +7,7 @@ scheduler and the model runner drive them: a 200-token prompt cut into chunks of
 tokens (blocks of 16, given out in a scrambled order), and a 10-token prompt that arrives
 and completes in the second step. The paged cache holds, in every slot, that slot's own
 number, so a file shows exactly which slots it was read from. The whole server with a
-chunked prompt, against HF, is tests/e2e/test_server_chunked_prefill.py."""
+chunked prompt, against HF, is tests/e2e/server/test_server_chunked_prefill.py."""
 
 from __future__ import annotations
 

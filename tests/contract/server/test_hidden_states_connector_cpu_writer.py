@@ -2,7 +2,7 @@
 (from 0.22.0); on the CPU build the adapter gives its module synchronous stand-ins.
 
 The whole server path with this adapter (and without it: only ``<path>.lock`` appears) is
-in tests/e2e/test_server_path.py; here the connector module's own pieces are driven in
+in tests/e2e/server/test_server_path.py; here the connector module's own pieces are driven in
 the order its writer drives them."""
 
 from __future__ import annotations
