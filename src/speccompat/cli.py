@@ -41,7 +41,7 @@ def doctor(as_json: bool, show_all: bool = False) -> int:
     shadowed = shadowed_cuda_bindings(installed)
     failures = import_failures(tuple(name for name, package in (
         ("vllm", env.vllm), ("speculators", env.speculators)) if package is not None))
-    in_process = [a for a in registry.catalogue() if a.path is ExtractionPath.IN_PROCESS]
+    in_process = list(registry.catalogues()[ExtractionPath.IN_PROCESS])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         report = registry.apply(environment=env, adapters=in_process)
@@ -162,7 +162,7 @@ def show_adapters(markdown: bool, as_json: bool) -> int:
     """The adapter catalogue, generated from the records themselves."""
     adapters = registry.catalogue()
     if as_json:
-        print(json.dumps([a.as_dict() for a in adapters], indent=2))
+        print(json.dumps([_as_dict(a) for a in adapters], indent=2))
     elif markdown:
         print(adapters_markdown(adapters), end="")
     else:
@@ -178,6 +178,13 @@ def show_adapters(markdown: bool, as_json: bool) -> int:
             print(f"    upstream: {a.upstream}\n    upstream reference: {a.upstream_ref}")
             print(f"    remove when: {a.remove_when}")
     return 0
+
+
+def _as_dict(adapter: Adapter) -> dict[str, str | None]:
+    """The record's fields, and its path (its wing) before ``remove_when`` as they were."""
+    fields = adapter.as_dict()
+    remove_when = fields.pop("remove_when")
+    return {**fields, "path": registry.wing_of(adapter).value, "remove_when": remove_when}
 
 
 PATH_TITLES = {
@@ -210,7 +217,7 @@ def adapters_markdown(adapters: Sequence[Adapter]) -> str:
     described: dict[str, str] = {}
     for path, (title, intro) in PATH_TITLES.items():
         lines += [f"## {title}", "", intro, ""]
-        for a in (a for a in adapters if a.path is path):
+        for a in (a for a in adapters if registry.wing_of(a) is path):
             spec = ("" if a.cause == "speculators" or a.speculators is None
                     else f", speculators `{a.speculators}`")
             lines += [f"### `{a.id}`", "", _sentence(a.summary), "",

@@ -73,7 +73,6 @@ class Adapter:
     vllm: SpecifierSet | None = None
     # For behaviours that come with a transformers release rather than a vLLM one.
     transformers: SpecifierSet | None = None
-    path: ExtractionPath = ExtractionPath.IN_PROCESS
 
     def __post_init__(self) -> None:
         causes = [s for s in (self.vllm, self.transformers) if s is not None]
@@ -135,6 +134,5 @@ class Adapter:
             "transformers": None if self.transformers is None else str(self.transformers),
             "speculators": None if self.speculators is None else str(self.speculators),
             "side": self.side.value,
-            "path": self.path.value,
             "remove_when": self.remove_when,
         }

@@ -15,6 +15,7 @@ import sys
 import threading
 import warnings
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from . import matrix
 from .errors import AdapterError, SpeccompatWarning, UnsupportedVersionError, VllmNotInstalledError
@@ -49,9 +50,23 @@ class _Applied:
 _STATE = _Applied()
 
 
+def catalogues() -> dict[ExtractionPath, tuple[Adapter, ...]]:
+    """Each wing's ordered catalogue: the package an adapter lives in says its path."""
+    return {ExtractionPath.IN_PROCESS: IN_PROCESS_ADAPTERS, ExtractionPath.SERVER: SERVER_ADAPTERS}
+
+
 def catalogue() -> tuple[Adapter, ...]:
-    """Every adapter record, in the order ``apply()`` patches them."""
-    return IN_PROCESS_ADAPTERS + SERVER_ADAPTERS
+    """Every adapter record, in the order ``apply()`` patches them (in-process, then server)."""
+    return tuple(a for adapters in catalogues().values() for a in adapters)
+
+
+def wing_of(adapter: Adapter) -> ExtractionPath:
+    """The path ``adapter`` serves: the wing whose catalogue holds it (a record in neither,
+    such as a test's, is in-process: what the user's ``apply()`` serves)."""
+    for path, adapters in catalogues().items():
+        if any(a is adapter for a in adapters):
+            return path
+    return ExtractionPath.IN_PROCESS
 
 
 def active() -> tuple[str, ...]:
@@ -127,9 +142,10 @@ def report() -> Report:
     support = matrix.check(env)
     outcomes = []
     for adapter in catalogue():
-        wanted, why = adapter.wants(env)
-        state = State.NOT_NEEDED if not wanted else State.SKIPPED
-        reason = why if not wanted else f"{why}; apply() has not been called"
+        verdict = select(adapter, env, probe=False)
+        state = State.NOT_NEEDED if not verdict.wanted else State.SKIPPED
+        reason = (verdict.why if not verdict.wanted
+                  else f"{verdict.why}; apply() has not been called")
         outcomes.append(Outcome(adapter.id, state, reason, adapter.side))
     return Report(env, support, tuple(outcomes))
 
@@ -140,20 +156,37 @@ def server_verdict(environment: Environment | None = None) -> tuple[Outcome, ...
     (its probe confirms the code it expects), or failed (the probe found something else)."""
     env = environment or detect()
     outcomes = []
-    for adapter in catalogue():
-        if adapter.path is not ExtractionPath.SERVER:
-            continue
-        wanted, why = adapter.wants(env)
+    for adapter in catalogues()[ExtractionPath.SERVER]:
+        verdict = select(adapter, env, probe=True)
         if env.vllm is None:
-            state, reason = State.UNSUPPORTED, why
-        elif not wanted:
-            state, reason = State.NOT_NEEDED, why
-        elif (mismatch := _probe(adapter)) is not None:
-            state, reason = State.FAILED, f"{why}, but the probe found: {mismatch}"
+            state, reason = State.UNSUPPORTED, verdict.why
+        elif not verdict.wanted:
+            state, reason = State.NOT_NEEDED, verdict.why
+        elif verdict.mismatch is not None:
+            state, reason = State.FAILED, f"{verdict.why}, but the probe found: {verdict.mismatch}"
         else:
-            state, reason = State.SKIPPED, f"{why}{WILL_APPLY_IN_SERVE}"
+            state, reason = State.SKIPPED, f"{verdict.why}{WILL_APPLY_IN_SERVE}"
         outcomes.append(Outcome(adapter.id, state, reason, adapter.side))
     return tuple(outcomes)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """``select``'s answer: whether the installed versions are ones the adapter is for and
+    why (not), and, where probed, what the probe found instead of the expected code."""
+
+    wanted: bool
+    why: str
+    mismatch: str | None = None
+
+
+def select(adapter: Adapter, env: Environment, *, probe: bool) -> Verdict:
+    """The one selection rule, for ``apply``, ``report`` and ``server_verdict``: the
+    specifiers say when the adapter should apply; ``probe`` (side-effect free, yet it reads
+    sources) confirms the code looks as expected, only where it is wanted."""
+    wanted, why = adapter.wants(env)
+    mismatch = _probe(adapter) if probe and wanted and env.vllm is not None else None
+    return Verdict(wanted, why, mismatch)
 
 
 def _apply_one(
@@ -174,23 +207,24 @@ def _apply_one(
         return outcome(State.SKIPPED, "not in only=")
     if adapter.id in skip:
         return outcome(State.SKIPPED, f"excluded (exclude= or {SKIP_ENV})")
-    if adapter.path not in paths:
-        if adapter.path is ExtractionPath.SERVER:
+    path = wing_of(adapter)
+    if path not in paths:
+        if path is ExtractionPath.SERVER:
             return outcome(State.SKIPPED, "server-path adapter: the plugin applies it inside "
                            "vllm serve when the engine is asked for extract_hidden_states")
-        return outcome(State.SKIPPED, f"{adapter.path.value}-path adapter, not for this process")
+        return outcome(State.SKIPPED, f"{path.value}-path adapter, not for this process")
     if adapter.side not in sides:
         return outcome(State.SKIPPED, f"{adapter.side.value}-side adapter, not for this process")
-    wanted, why = adapter.wants(env)
+    verdict = select(adapter, env, probe=True)
+    why, mismatch = verdict.why, verdict.mismatch
     if env.vllm is None:
         return outcome(State.UNSUPPORTED, why)
-    if not wanted:
+    if not verdict.wanted:
         # A vLLM-only adapter outside its range should find the old shape; if it
         # finds the new one, the version says one thing and the code another.
         if adapter.speculators is None and _probe(adapter) is None:
             _disagree(adapter, f"{why}, yet the installed code has the shape it fixes", strict)
         return outcome(State.NOT_NEEDED, why)
-    mismatch = _probe(adapter)
     if mismatch is not None:
         _disagree(adapter, f"{why}, but the probe found: {mismatch}", strict)
         return outcome(State.FAILED, f"probe: {mismatch}")
@@ -203,7 +237,7 @@ def _apply_one(
             raise AdapterError(adapter.id, f"patch failed: {exc!r}") from exc
         return outcome(State.FAILED, f"patch failed: {exc!r}")
     _STATE.patchers[adapter.id] = patcher
-    if adapter.path is ExtractionPath.SERVER:
+    if path is ExtractionPath.SERVER:
         _STATE.server.add(adapter.id)
     waiting = f"; patches {', '.join(patcher.waiting_for)} on import" if patcher.waiting_for else ""
     return outcome(State.APPLIED, f"{why}{waiting}")

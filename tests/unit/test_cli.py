@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import speccompat
-from speccompat import cli
+from speccompat import cli, registry
 from speccompat.inprocess.rpc import collective_rpc as rpc_collective_rpc
 
 UPSTREAM = ("vllm", "torch", "speculators", "transformers")
@@ -35,13 +35,13 @@ def catalogue_ids() -> list[str]:
 def in_process_ids() -> list[str]:
     from speccompat.record import ExtractionPath
 
-    return [a.id for a in speccompat.catalogue() if a.path is ExtractionPath.IN_PROCESS]
+    return [a.id for a in registry.catalogues()[ExtractionPath.IN_PROCESS]]
 
 
 def server_path_ids() -> list[str]:
     from speccompat.record import ExtractionPath
 
-    return [a.id for a in speccompat.catalogue() if a.path is ExtractionPath.SERVER]
+    return [a.id for a in registry.catalogues()[ExtractionPath.SERVER]]
 
 
 # --------------------------------------------------------------------------- the catalogue

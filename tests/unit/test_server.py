@@ -95,17 +95,16 @@ def test_the_inherited_answer_wins(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def server_adapter(adapter_factory: Any, env_factory: Any,
                    monkeypatch: pytest.MonkeyPatch) -> Any:
-    """A synthetic server-path adapter as the only catalogue entry; vLLM 0.26.0 installed."""
-    import dataclasses
-
+    """A synthetic server-path adapter as the only catalogue entry (the server wing's);
+    vLLM 0.26.0 installed."""
     patched: list[str] = []
 
     def patch(patcher: Any) -> None:
         patched.append(patcher.adapter_id)
 
-    adapter = dataclasses.replace(adapter_factory("vllm.server_thing", patch=patch),
-                                  path=ExtractionPath.SERVER)
-    monkeypatch.setattr(registry, "catalogue", lambda: (adapter,))
+    adapter = adapter_factory("vllm.server_thing", patch=patch)
+    monkeypatch.setattr(registry, "catalogues", lambda: {
+        ExtractionPath.IN_PROCESS: (), ExtractionPath.SERVER: (adapter,)})
     monkeypatch.setattr(registry, "detect", lambda **_: env_factory("0.26.0", "0.9.0"))
     yield adapter, patched
     registry.revert()

@@ -21,7 +21,7 @@ from types import ModuleType
 from typing import Any
 
 from ...patching import Patcher
-from ...record import Adapter, ExtractionPath, Side
+from ...record import Adapter, Side
 from ...targets import source_def
 from ...versions import spec
 
@@ -95,7 +95,6 @@ ADAPTER = Adapter(
     vllm=spec(">=0.20.0,<0.22.0"),
     speculators=None,
     side=Side.WORKER,
-    path=ExtractionPath.SERVER,
     probe=_probe,
     patch=_patch,
     remove_when="vLLM 0.22.0 is the oldest supported release",

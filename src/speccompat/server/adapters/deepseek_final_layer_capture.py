@@ -18,7 +18,7 @@ from __future__ import annotations
 from types import ModuleType
 
 from ...patching import Patcher
-from ...record import Adapter, ExtractionPath, Side
+from ...record import Adapter, Side
 from ...targets import source_def
 from ...versions import spec
 from ..aux_edges import setter_serving
@@ -69,7 +69,6 @@ ADAPTER = Adapter(
     vllm=spec(">=0.18.0,<0.25.0"),
     speculators=None,
     side=Side.WORKER,
-    path=ExtractionPath.SERVER,
     probe=_probe,
     patch=_patch,
     remove_when="vLLM 0.25.0 is the oldest supported release",

@@ -15,7 +15,7 @@ from __future__ import annotations
 from types import ModuleType
 
 from ...patching import Patcher
-from ...record import Adapter, ExtractionPath, Side
+from ...record import Adapter, Side
 from ...targets import module_source, source_def
 from ...versions import spec
 from ..aux_edges import AUX_LAYERS, serve_first_id, setter_serving
@@ -75,7 +75,6 @@ ADAPTER = Adapter(
     vllm=spec(">=0.18.0"),
     speculators=None,
     side=Side.WORKER,
-    path=ExtractionPath.SERVER,
     probe=_probe,
     patch=_patch,
     remove_when="vLLM's DeepseekV2Model captures id 0 without a residual",

@@ -29,7 +29,7 @@ from types import ModuleType
 from typing import Any
 
 from ...patching import Patcher
-from ...record import Adapter, ExtractionPath, Side
+from ...record import Adapter, Side
 from ...targets import source_def
 from ...versions import spec
 
@@ -89,7 +89,6 @@ ADAPTER = Adapter(
     vllm=spec(">=0.18.0"),
     speculators=None,
     side=Side.WORKER,
-    path=ExtractionPath.SERVER,
     probe=_probe,
     patch=_patch,
     remove_when="vLLM's EagleModelMixin captures a state of its own where the residual is "

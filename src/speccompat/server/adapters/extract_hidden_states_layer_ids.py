@@ -26,7 +26,7 @@ from typing import Any
 
 from ...layers import servable_aux_ids
 from ...patching import Patcher
-from ...record import Adapter, ExtractionPath, Side
+from ...record import Adapter, Side
 from ...targets import require_in_source
 from ...versions import spec
 from . import deepseek_final_layer_capture, deepseek_first_layer_residual, llama_family_edge_ids
@@ -99,7 +99,6 @@ ADAPTER = Adapter(
     vllm=spec(">=0.17.0"),
     speculators=None,
     side=Side.WORKER,
-    path=ExtractionPath.SERVER,
     probe=_probe,
     patch=_patch,
     remove_when="vLLM validates the aux layer ids against the model at start-up",

@@ -20,7 +20,7 @@ from types import ModuleType
 from typing import Any
 
 from ...patching import Patcher
-from ...record import Adapter, ExtractionPath, Side
+from ...record import Adapter, Side
 from ...targets import require_in_source
 from ...versions import spec
 
@@ -73,7 +73,6 @@ ADAPTER = Adapter(
     vllm=spec(">=0.24.0,<0.31.0"),
     speculators=None,
     side=Side.BOTH,
-    path=ExtractionPath.SERVER,
     probe=_probe,
     patch=_patch,
     remove_when="vLLM < 0.31.0 is no longer supported",

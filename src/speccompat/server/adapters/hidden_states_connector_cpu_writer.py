@@ -18,7 +18,7 @@ from types import ModuleType
 from typing import Any
 
 from ...patching import Patcher
-from ...record import Adapter, ExtractionPath, Side
+from ...record import Adapter, Side
 from ...targets import module_source
 from ...versions import spec
 from ...wrappers import Proxy
@@ -124,7 +124,6 @@ ADAPTER = Adapter(
     vllm=spec(">=0.22.0"),
     speculators=None,
     side=Side.WORKER,
-    path=ExtractionPath.SERVER,
     probe=_probe,
     patch=_patch,
     remove_when="vLLM's connector writes without CUDA on the CPU platform",

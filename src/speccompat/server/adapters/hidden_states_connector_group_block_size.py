@@ -28,7 +28,7 @@ from types import ModuleType
 from typing import Any
 
 from ...patching import Patcher
-from ...record import Adapter, ExtractionPath, Side
+from ...record import Adapter, Side
 from ...targets import require_in_source
 from ...versions import spec
 
@@ -117,7 +117,6 @@ ADAPTER = Adapter(
     vllm=spec(">=0.24.0,<0.25.0"),
     speculators=None,
     side=Side.WORKER,
-    path=ExtractionPath.SERVER,
     probe=_probe,
     patch=_patch,
     remove_when="vLLM < 0.25.0 is no longer supported",

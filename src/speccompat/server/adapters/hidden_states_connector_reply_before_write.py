@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from ...patching import Patcher
-from ...record import Adapter, ExtractionPath, Side
+from ...record import Adapter, Side
 from ...targets import require_in_source
 from ...versions import spec
 
@@ -113,7 +113,6 @@ ADAPTER = Adapter(
     vllm=spec(">=0.24.0"),
     speculators=spec("==0.5.*"),
     side=Side.BOTH,
-    path=ExtractionPath.SERVER,
     probe=_probe,
     patch=_patch,
     remove_when="speculators 0.5.0 is no longer supported",

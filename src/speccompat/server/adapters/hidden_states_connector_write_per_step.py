@@ -30,7 +30,7 @@ from types import ModuleType
 from typing import Any
 
 from ...patching import Patcher
-from ...record import Adapter, ExtractionPath, Side
+from ...record import Adapter, Side
 from ...targets import source_def
 from ...versions import spec
 from .hidden_states_connector_zero_rows import CONNECTOR, FORWARD_WRITE
@@ -136,7 +136,6 @@ ADAPTER = Adapter(
     vllm=spec(">=0.17.0,<0.22.0"),
     speculators=None,
     side=Side.BOTH,  # the scheduler runs in the engine core, the writer in the worker
-    path=ExtractionPath.SERVER,
     probe=_probe,
     patch=_patch,
     remove_when="vLLM 0.22.0 is the oldest supported release",

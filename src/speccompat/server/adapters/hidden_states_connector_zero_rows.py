@@ -34,7 +34,7 @@ from typing import Any
 
 from ...errors import SpeccompatError
 from ...patching import Patcher
-from ...record import Adapter, ExtractionPath, Side
+from ...record import Adapter, Side
 from ...targets import module_source
 from ...versions import spec
 from ...wrappers import Proxy
@@ -185,7 +185,6 @@ ADAPTER = Adapter(
     upstream_ref="none found: vLLM has no check on the rows it writes; the zero rows are "
     "vLLM PR #46301's bug (speculators issue #613)",
     vllm=spec(">=0.17.0"),
-    path=ExtractionPath.SERVER,
     side=Side.WORKER,
     speculators=None,
     probe=_probe,

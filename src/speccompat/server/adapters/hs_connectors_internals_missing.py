@@ -26,7 +26,7 @@ from typing import Any
 
 from ...errors import UnsupportedConnectorError
 from ...patching import Patcher
-from ...record import Adapter, ExtractionPath, Side
+from ...record import Adapter, Side
 from ...targets import module_source, require_in_source
 from ...versions import detect, spec
 
@@ -141,7 +141,6 @@ ADAPTER = Adapter(
     vllm=spec(">=0.17.0,<0.22.0"),
     speculators=None,
     side=Side.BOTH,
-    path=ExtractionPath.SERVER,
     probe=_probe,
     patch=_patch,
     remove_when="speccompat no longer supports vLLM < 0.22.0 on the server path",

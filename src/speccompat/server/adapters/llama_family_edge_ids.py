@@ -21,7 +21,7 @@ from collections.abc import Callable
 from types import ModuleType
 
 from ...patching import Patcher
-from ...record import Adapter, ExtractionPath, Side
+from ...record import Adapter, Side
 from ...targets import module_source, source_def
 from ...versions import spec
 from ..aux_edges import AUX_LAYERS, serve_first_id, setter_serving
@@ -103,7 +103,6 @@ ADAPTER = Adapter(
     vllm=spec(">=0.17.0,<0.18.0"),
     speculators=None,
     side=Side.WORKER,
-    path=ExtractionPath.SERVER,
     probe=_probe,
     patch=_patch,
     remove_when="vLLM 0.18.0 is the oldest supported release",
