@@ -149,6 +149,17 @@ class Patcher:
         return len(self._patches)
 
 
+# Adapter id -> its Patcher, for each adapter applied in this process, in the order applied.
+# The registry keeps it (under its lock); an adapter that depends on what else is applied
+# asks here (``applied``), so no adapter imports the registry, which imports the adapters.
+APPLIED: dict[str, Patcher] = {}
+
+
+def applied() -> tuple[str, ...]:
+    """Ids of the adapters applied in this process."""
+    return tuple(APPLIED)
+
+
 def _mark(obj: Any, adapter_id: str) -> None:
     # object.__setattr__ first: a proxy would forward a plain setattr to what it wraps.
     for setter in (object.__setattr__, setattr):

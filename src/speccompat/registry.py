@@ -21,7 +21,7 @@ from . import matrix
 from .errors import AdapterError, SpeccompatWarning, UnsupportedVersionError, VllmNotInstalledError
 from .inprocess.adapters import ADAPTERS as IN_PROCESS_ADAPTERS
 from .outcomes import Outcome, Report, State
-from .patching import Patcher
+from .patching import APPLIED, Patcher
 from .record import Adapter, ExtractionPath, Side
 from .server.adapters import ADAPTERS as SERVER_ADAPTERS
 from .versions import Environment, detect
@@ -41,7 +41,7 @@ class _Applied:
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
-        self.patchers: dict[str, Patcher] = {}
+        self.patchers: dict[str, Patcher] = APPLIED  # patching's: adapters read it there
         # Server-path ids among them: the plugin applies those in each process on its own.
         self.server: set[str] = set()
         self.last: Report | None = None

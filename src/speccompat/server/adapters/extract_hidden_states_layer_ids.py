@@ -25,7 +25,7 @@ from types import ModuleType
 from typing import Any
 
 from ...layers import servable_aux_ids
-from ...patching import Patcher
+from ...patching import Patcher, applied
 from ...record import Adapter, Side
 from ...targets import require_in_source
 from ...versions import spec
@@ -47,9 +47,7 @@ def check_runner_ids(runner: Any, ids: Any) -> None:
     config = runner.model_config
     text = config.hf_config.get_text_config()
     architecture = (config.architectures or [type(runner.get_model()).__name__])[0]
-    from ... import registry  # at call time: the registry imports this module
-
-    active = set(registry.active())
+    active = set(applied())
     if architecture in llama_family_edge_ids.ARCHITECTURES:
         first = final = llama_family_edge_ids.ID in active
     else:
