@@ -285,7 +285,7 @@ def test_public_names() -> None:
     ("DeepseekV3ForCausalLM", "0.33.0", 1, 4),  # its source too (cell 0.33.0 x 0.9.0)
 ])
 def test_servable_aux_ids(architecture: str, vllm: str, low: int, high: int) -> None:
-    from speccompat.layers import servable_aux_ids
+    from speccompat.server.servable import servable_aux_ids
 
     servable = servable_aux_ids(architecture, 4, vllm)
     assert (servable.low, servable.high) == (low, high)
@@ -293,7 +293,8 @@ def test_servable_aux_ids(architecture: str, vllm: str, low: int, high: int) -> 
 
 
 def test_unservable_ids_name_the_id_and_the_range() -> None:
-    from speccompat.layers import LayerIdError, servable_aux_ids
+    from speccompat.layers import LayerIdError
+    from speccompat.server.servable import servable_aux_ids
 
     servable = servable_aux_ids("DeepseekV3ForCausalLM", 4, "0.22.0")
     with pytest.raises(LayerIdError) as error:
@@ -314,7 +315,8 @@ def test_unservable_ids_name_the_id_and_the_range() -> None:
 
 def test_ids_out_of_order_are_refused_with_the_sorted_list() -> None:
     """vLLM stacks the states in layer order: [3, 1] would put id 1's state in id 3's slot."""
-    from speccompat.layers import LayerIdError, servable_aux_ids
+    from speccompat.layers import LayerIdError
+    from speccompat.server.servable import servable_aux_ids
 
     with pytest.raises(LayerIdError) as error:
         servable_aux_ids("LlamaForCausalLM", 4, "0.26.0").check([3, 1, 4], "ids")
@@ -327,7 +329,7 @@ def test_ids_out_of_order_are_refused_with_the_sorted_list() -> None:
     (False, False, 1, 3), (True, False, 0, 3), (False, True, 1, 4), (True, True, 0, 4)])
 def test_deepseek_ids_served_once_speccompat_repairs_them(first: bool, final: bool, low: int,
                                                           high: int) -> None:
-    from speccompat.layers import servable_aux_ids
+    from speccompat.server.servable import servable_aux_ids
 
     servable = servable_aux_ids("DeepseekV3ForCausalLM", 4, "0.22.0",
                                 first_id_repaired=first, final_id_repaired=final)
@@ -335,7 +337,7 @@ def test_deepseek_ids_served_once_speccompat_repairs_them(first: bool, final: bo
 
 
 def test_llama_edge_ids_on_0_17_served_once_speccompat_repairs_them() -> None:
-    from speccompat.layers import servable_aux_ids
+    from speccompat.server.servable import servable_aux_ids
 
     repaired = servable_aux_ids("LlamaForCausalLM", 4, "0.17.1", first_id_repaired=True,
                                 final_id_repaired=True)

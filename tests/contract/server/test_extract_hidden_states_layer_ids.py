@@ -1,5 +1,5 @@
 """vLLM takes any eagle_aux_hidden_state_layer_ids for extract_hidden_states; the adapter
-checks them where the model runner reads them, against ``layers.servable_aux_ids``.
+checks them where the model runner reads them, against ``server.servable.servable_aux_ids``.
 
 The table in ``servable_aux_ids`` rests on the model sources read here per release (the
 DeepSeek final-layer capture from 0.25.0, the residual added before DeepSeek's first layer,
@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 
 import speccompat
-from speccompat.layers import servable_aux_ids
 from speccompat.patching import patched_by
 from speccompat.record import ExtractionPath
 from speccompat.server.adapters.extract_hidden_states_layer_ids import FROM_CONFIG, ID, RUNNER
+from speccompat.server.servable import servable_aux_ids
 from speccompat.targets import source_def
 from support import needs_adapter, requires_vllm, vllm_in
 

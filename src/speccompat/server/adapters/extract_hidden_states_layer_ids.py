@@ -11,7 +11,7 @@ Ids out of order are worse still: vLLM stacks the states in layer order, so the 
 slots silently stop matching the ids.
 
 The worker checks the ids against what the installed vLLM serves for the model
-(``speccompat.layers.servable_aux_ids``, counting the first and final ids as served where
+(``speccompat.server.servable.servable_aux_ids``, counting the first and final ids as served where
 speccompat's adapters for them, DeepSeek's or 0.17's ``llama_family_edge_ids``, are applied
 in the same process) where the model runner reads them, so such a server refuses to start
 with a :class:`~speccompat.layers.LayerIdError` naming the id and the valid range.
@@ -24,11 +24,11 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from ...layers import servable_aux_ids
 from ...patching import Patcher, applied
 from ...record import Adapter, Side
 from ...targets import require_in_source
 from ...versions import spec
+from ..servable import servable_aux_ids
 from . import deepseek_final_layer_capture, deepseek_first_layer_residual, llama_family_edge_ids
 
 ID = "vllm.extract_hidden_states_layer_ids"
@@ -89,7 +89,7 @@ ADAPTER = Adapter(
     "(DeepSeek's final id before 0.25) or at warm-up (DeepSeek id 0)",
     how="wraps GPUModelRunner._get_eagle3_aux_layers_from_config (the CPU runner's too), "
     "which the runner reads once while loading the model, to check the ids with "
-    "layers.servable_aux_ids and raise LayerIdError",
+    "server.servable.servable_aux_ids and raise LayerIdError",
     upstream="vLLM 0.17.0: extract_hidden_states takes eagle_aux_hidden_state_layer_ids "
     "unchecked; DeepseekV2Model serves the final id only from 0.25.0",
     upstream_ref="none found: vLLM never checked the ids; the DeepSeek final-layer capture is "
