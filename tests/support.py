@@ -360,7 +360,7 @@ def state_under_user_apply(adapter_id: str) -> Any:
     SKIPPED for a server-path adapter, which only the plugin applies inside ``vllm serve``."""
     import speccompat
 
-    report = speccompat.apply(only=[adapter_id], judge_support=False)
+    report = speccompat.registry._apply(only=[adapter_id], judge_support=False)
     try:
         return report.state_of(adapter_id)
     finally:

@@ -44,7 +44,7 @@ def doctor(as_json: bool, show_all: bool = False) -> int:
     in_process = list(registry.catalogues()[ExtractionPath.IN_PROCESS])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        report = registry.apply(environment=env, adapters=in_process)
+        report = registry._apply(environment=env, adapters=in_process)
         server_path = registry.server_verdict(env)
     ok = report.ok and not any(o.state in (State.FAILED, State.UNSUPPORTED)
                                for o in server_path)

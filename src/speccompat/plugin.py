@@ -49,7 +49,7 @@ def load() -> None:
     ids = requested()
     if ids:
         known = {a.id for a in registry.catalogue()}
-        report = registry.apply(
+        report = registry._apply(
             only=[i for i in ids if i in known],
             sides=(Side.WORKER, Side.BOTH),
             judge_support=False,
@@ -63,7 +63,7 @@ def load_server_path() -> None:
     """The server-path adapters in this process, and the answer for its children."""
     inherited = os.environ.get(server.SERVER_ENV) == "1"
     os.environ[server.SERVER_ENV] = "1"
-    report = registry.apply(paths=(ExtractionPath.SERVER,), judge_support=False)
+    report = registry._apply(paths=(ExtractionPath.SERVER,), judge_support=False)
     if not inherited:  # one line per server: the process that found the method
         from . import __version__
 

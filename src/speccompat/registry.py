@@ -80,20 +80,32 @@ def apply(
     strict: bool = False,
     only: Iterable[str] | None = None,
     exclude: Iterable[str] | None = None,
+) -> Report:
+    """Select the adapters for the installed versions and patch them; idempotent.
+
+    ``only``/``exclude`` take adapter ids; ``strict=True`` raises a typed error instead of
+    logging and continuing. Serves the in-process generator: the plugin applies the server
+    path's adapters inside ``vllm serve``.
+    """
+    return _apply(strict=strict, only=only, exclude=exclude)
+
+
+def _apply(
+    *,
+    strict: bool = False,
+    only: Iterable[str] | None = None,
+    exclude: Iterable[str] | None = None,
     sides: Sequence[Side] = (Side.DRIVER, Side.WORKER, Side.BOTH),
     adapters: Sequence[Adapter] | None = None,
     environment: Environment | None = None,
     judge_support: bool = True,
     paths: Sequence[ExtractionPath] = (ExtractionPath.IN_PROCESS,),
 ) -> Report:
-    """Select the adapters for the installed versions and patch them; idempotent.
-
-    ``only``/``exclude`` take adapter ids; ``sides`` limits the process side;
-    ``adapters``/``environment`` replace the catalogue and the detected versions
-    (tests); ``judge_support=False`` skips the matrix verdict (vLLM's child
-    processes, whose parent already judged). ``paths``: which extraction system's adapters
-    (the user's ``apply()`` serves the in-process generator; the plugin applies the server
-    path's inside ``vllm serve``).
+    """``apply`` with the knobs of the plugin, ``doctor`` and the tests, kept out of the
+    public signature. ``sides`` limits the process side; ``adapters``/``environment``
+    replace the catalogue and the detected versions (tests, doctor); ``judge_support=False``
+    skips the matrix verdict (vLLM's child processes, whose parent already judged).
+    ``paths``: which extraction system's adapters (the plugin passes the server path).
     """
     pool = catalogue() if adapters is None else tuple(adapters)
     only_ids = None if only is None else set(only)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import speccompat
-from speccompat import Adapter, AdapterError, Environment, State
+from speccompat import Adapter, AdapterError, Environment, State, registry
 from speccompat.patching import _FINDER, MARK, Patcher, _HookedLoader, patched_by
 from speccompat.registry import ACTIVE_ENV
 from speccompat.wrappers import Proxy
@@ -54,8 +54,8 @@ def test_apply_apply_revert_restores_the_identical_objects(
     calls: list[int] = []
     adapter = adapter_factory("t.all", patch=_patch_everything(target, calls))
     env = env_factory()
-    speccompat.apply(adapters=[adapter], environment=env)
-    report = speccompat.apply(adapters=[adapter], environment=env)
+    registry._apply(adapters=[adapter], environment=env)
+    report = registry._apply(adapters=[adapter], environment=env)
     assert report.state_of("t.all") is State.APPLIED
     assert calls == [1]
 
@@ -91,7 +91,7 @@ def test_revert_then_apply_again(
     calls: list[int] = []
     adapter = adapter_factory("t.all", patch=_patch_everything(target, calls))
     for _ in range(3):
-        report = speccompat.apply(adapters=[adapter], environment=env_factory())
+        report = registry._apply(adapters=[adapter], environment=env_factory())
         assert report.state_of("t.all") is State.APPLIED
         assert target.module.greet("x") == "HELLO X"
         speccompat.revert()
@@ -241,7 +241,7 @@ def test_proxy_replacement_survives_revert_and_reapply(
     # Regression: the mark once went through Proxy.__setattr__ onto the real object, which
     # then stayed "already patched" after revert() (the cpu_mem_get_info adapter's _Torch).
     adapter = adapter_factory("t.proxy", patch=patch)
-    assert speccompat.apply(adapters=[adapter], environment=env_factory()).ok
+    assert registry._apply(adapters=[adapter], environment=env_factory()).ok
     view: Any = target.module.torch
     assert isinstance(view, Proxy)
     assert patched_by(view) == "t.proxy"
@@ -250,7 +250,7 @@ def test_proxy_replacement_survives_revert_and_reapply(
     speccompat.revert()
     assert vars(target.module)["torch"] is real
     assert patched_by(real) is None, "the proxied object still carries the mark"
-    report = speccompat.apply(adapters=[adapter], environment=env_factory())
+    report = registry._apply(adapters=[adapter], environment=env_factory())
     assert report.state_of("t.proxy") is State.APPLIED
 
 
@@ -425,7 +425,7 @@ def test_deferred_adapter_through_apply(
             module, "answer", lambda original: lambda: original() * 10))
 
     adapter = adapter_factory("t.consumer", patch=patch)
-    report = speccompat.apply(adapters=[adapter], environment=env_factory())
+    report = registry._apply(adapters=[adapter], environment=env_factory())
     assert report.state_of("t.consumer") is State.APPLIED
     assert report.outcomes[0].reason.endswith(f"; patches {name} on import")
     assert json.loads(os.environ[ACTIVE_ENV]) == ["t.consumer"]
@@ -446,7 +446,7 @@ def test_deferred_adapter_reverted_before_import(
     _write_module(module_dir, name)
     fired: list[types.ModuleType] = []
     adapter = adapter_factory("t.late", patch=lambda p: p.on_import(name, fired.append))
-    speccompat.apply(adapters=[adapter], environment=env_factory())
+    registry._apply(adapters=[adapter], environment=env_factory())
     speccompat.revert()
     importlib.import_module(name)
     assert fired == []

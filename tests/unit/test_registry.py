@@ -23,6 +23,7 @@ from speccompat import (
     State,
     UnsupportedVersionError,
     VllmNotInstalledError,
+    registry,
 )
 from speccompat.patching import _FINDER, Patcher, patched_by
 from speccompat.record import Side
@@ -67,7 +68,7 @@ def test_applies_inside_its_range(
     adapter = adapter_factory("t.in_range", patch=patch, vllm=">=0.11.1")
     env = env_factory("0.16.0", "0.3.0")
     with no_warnings():
-        report = speccompat.apply(adapters=[adapter], environment=env)
+        report = registry._apply(adapters=[adapter], environment=env)
     assert report.state_of("t.in_range") is State.APPLIED
     assert report.outcomes[0].reason == "vLLM 0.16.0 is in >=0.11.1"
     assert report.applied == ("t.in_range",)
@@ -82,7 +83,7 @@ def test_dev_build_of_the_lower_bound_is_in_range(
     target: Target, env_factory: MakeEnv, adapter_factory: MakeAdapter,
 ) -> None:
     adapter = adapter_factory("t.dev", patch=Counter(target), vllm=">=0.11.1")
-    report = speccompat.apply(adapters=[adapter], environment=env_factory("0.11.1.dev123+gabc"),
+    report = registry._apply(adapters=[adapter], environment=env_factory("0.11.1.dev123+gabc"),
                               judge_support=False)
     assert report.state_of("t.dev") is State.APPLIED
 
@@ -94,7 +95,7 @@ def test_not_needed_outside_its_vllm_range(
     adapter = adapter_factory("t.old", patch=patch, vllm="<0.11.1",
                               probe=lambda: "the old shape is gone")
     with no_warnings():
-        report = speccompat.apply(adapters=[adapter], environment=env_factory())
+        report = registry._apply(adapters=[adapter], environment=env_factory())
     outcome = report.outcomes[0]
     assert outcome.state is State.NOT_NEEDED
     assert outcome.reason == "vLLM 0.16.0 is outside <0.11.1"
@@ -113,7 +114,7 @@ def test_not_needed_outside_its_speculators_range(
 
     adapter = adapter_factory("t.spec", patch=Counter(target), speculators="==0.3.*", probe=probe)
     with no_warnings():
-        report = speccompat.apply(adapters=[adapter], environment=env_factory("0.16.0", "0.4.0"),
+        report = registry._apply(adapters=[adapter], environment=env_factory("0.16.0", "0.4.0"),
                                   judge_support=False)
     assert report.state_of("t.spec") is State.NOT_NEEDED
     assert report.outcomes[0].reason == "speculators 0.4.0 is outside ==0.3.*"
@@ -125,7 +126,7 @@ def test_not_needed_without_speculators(
     target: Target, env_factory: MakeEnv, adapter_factory: MakeAdapter,
 ) -> None:
     adapter = adapter_factory("t.spec", patch=Counter(target), speculators="==0.3.*")
-    report = speccompat.apply(adapters=[adapter], environment=env_factory("0.16.0", None))
+    report = registry._apply(adapters=[adapter], environment=env_factory("0.16.0", None))
     assert report.state_of("t.spec") is State.NOT_NEEDED
     assert report.outcomes[0].reason == "speculators is not installed"
 
@@ -134,7 +135,7 @@ def test_speculators_in_range(
     target: Target, env_factory: MakeEnv, adapter_factory: MakeAdapter,
 ) -> None:
     adapter = adapter_factory("t.spec", patch=Counter(target), speculators="==0.3.*")
-    report = speccompat.apply(adapters=[adapter], environment=env_factory("0.16.0", "0.3.0"))
+    report = registry._apply(adapters=[adapter], environment=env_factory("0.16.0", "0.3.0"))
     assert report.state_of("t.spec") is State.APPLIED
 
 
@@ -145,7 +146,7 @@ def test_unsupported_without_vllm(
     patch = Counter(target)
     adapter = adapter_factory("t.any", patch=patch, vllm=">=0")
     with caplog.at_level(logging.WARNING, logger="speccompat"):
-        report = speccompat.apply(adapters=[adapter], environment=env_factory(None, None))
+        report = registry._apply(adapters=[adapter], environment=env_factory(None, None))
     assert report.state_of("t.any") is State.UNSUPPORTED
     assert report.outcomes[0].reason == "vLLM is not installed"
     assert not report.ok
@@ -160,7 +161,7 @@ def test_probe_mismatch_fails_and_warns(
     patch = Counter(target)
     adapter = adapter_factory("t.probe", patch=patch, probe=lambda: "Engine.step takes 3 args")
     with pytest.warns(SpeccompatWarning, match=r"t\.probe.*Engine\.step takes 3 args"):
-        report = speccompat.apply(adapters=[adapter], environment=env_factory())
+        report = registry._apply(adapters=[adapter], environment=env_factory())
     outcome = report.outcomes[0]
     assert outcome.state is State.FAILED
     assert outcome.reason == "probe: Engine.step takes 3 args"
@@ -176,7 +177,7 @@ def test_probe_mismatch_strict_raises(
     patch = Counter(target)
     adapter = adapter_factory("t.probe", patch=patch, probe=lambda: "Engine.step takes 3 args")
     with pytest.raises(AdapterError, match=r"Engine\.step takes 3 args") as caught:
-        speccompat.apply(adapters=[adapter], environment=env_factory(), strict=True)
+        registry._apply(adapters=[adapter], environment=env_factory(), strict=True)
     assert caught.value.adapter_id == "t.probe"
     assert "vLLM 0.16.0 is in >=0.11.1" in caught.value.reason
     assert patch.calls == 0
@@ -191,7 +192,7 @@ def test_probe_that_raises_is_a_mismatch(
 
     adapter = adapter_factory("t.probe", patch=Counter(target), probe=probe)
     with pytest.warns(SpeccompatWarning, match="probe raised"):
-        report = speccompat.apply(adapters=[adapter], environment=env_factory())
+        report = registry._apply(adapters=[adapter], environment=env_factory())
     assert report.state_of("t.probe") is State.FAILED
     assert report.outcomes[0].reason.startswith("probe: probe raised ImportError(")
 
@@ -202,17 +203,17 @@ def test_vllm_only_adapter_out_of_range_finding_the_new_shape_warns(
     patch = Counter(target)
     adapter = adapter_factory("t.early", patch=patch, vllm=">=0.17.0", probe=lambda: None)
     with pytest.warns(SpeccompatWarning, match="yet the installed code has the shape it fixes"):
-        report = speccompat.apply(adapters=[adapter], environment=env_factory())
+        report = registry._apply(adapters=[adapter], environment=env_factory())
     assert report.state_of("t.early") is State.NOT_NEEDED
     assert patch.calls == 0
     with pytest.raises(AdapterError, match="shape it fixes"):
-        speccompat.apply(adapters=[adapter], environment=env_factory(), strict=True)
+        registry._apply(adapters=[adapter], environment=env_factory(), strict=True)
 
 
 def test_sides(target: Target, env_factory: MakeEnv, adapter_factory: MakeAdapter) -> None:
     worker = adapter_factory("t.worker", patch=Counter(target, "w"), side=Side.WORKER)
     driver = adapter_factory("t.driver", patch=Counter(target, "d"), side=Side.DRIVER)
-    report = speccompat.apply(adapters=[worker, driver], environment=env_factory(),
+    report = registry._apply(adapters=[worker, driver], environment=env_factory(),
                               sides=(Side.DRIVER,))
     assert report.state_of("t.worker") is State.SKIPPED
     assert report.outcomes[0].reason == "worker-side adapter, not for this process"
@@ -232,7 +233,7 @@ def _three(target: Target, adapter_factory: MakeAdapter) -> tuple[list[Adapter],
 
 def test_only(target: Target, env_factory: MakeEnv, adapter_factory: MakeAdapter) -> None:
     adapters, counters = _three(target, adapter_factory)
-    report = speccompat.apply(adapters=adapters, environment=env_factory(), only=["t.b"])
+    report = registry._apply(adapters=adapters, environment=env_factory(), only=["t.b"])
     assert [o.state for o in report.outcomes] == [State.SKIPPED, State.APPLIED, State.SKIPPED]
     assert report.outcomes[0].reason == "not in only="
     assert [c.calls for c in counters] == [0, 1, 0]
@@ -240,7 +241,7 @@ def test_only(target: Target, env_factory: MakeEnv, adapter_factory: MakeAdapter
 
 def test_exclude(target: Target, env_factory: MakeEnv, adapter_factory: MakeAdapter) -> None:
     adapters, counters = _three(target, adapter_factory)
-    report = speccompat.apply(adapters=adapters, environment=env_factory(), exclude=["t.a"])
+    report = registry._apply(adapters=adapters, environment=env_factory(), exclude=["t.a"])
     assert [o.state for o in report.outcomes] == [State.SKIPPED, State.APPLIED, State.APPLIED]
     assert "exclude=" in report.outcomes[0].reason
     assert [c.calls for c in counters] == [0, 1, 1]
@@ -250,7 +251,7 @@ def test_exclude_accepts_any_iterable(
     target: Target, env_factory: MakeEnv, adapter_factory: MakeAdapter,
 ) -> None:
     adapters, counters = _three(target, adapter_factory)
-    report = speccompat.apply(adapters=adapters, environment=env_factory(),
+    report = registry._apply(adapters=adapters, environment=env_factory(),
                               exclude=(i for i in ["t.a"]))
     assert report.state_of("t.a") is State.SKIPPED
     assert counters[0].calls == 0
@@ -260,7 +261,7 @@ def test_only_accepts_any_iterable(
     target: Target, env_factory: MakeEnv, adapter_factory: MakeAdapter,
 ) -> None:
     adapters, counters = _three(target, adapter_factory)
-    report = speccompat.apply(adapters=adapters, environment=env_factory(),
+    report = registry._apply(adapters=adapters, environment=env_factory(),
                               only=(i for i in ["t.c"]))
     assert report.applied == ("t.c",)
     assert [c.calls for c in counters] == [0, 0, 1]
@@ -274,9 +275,9 @@ def test_unknown_ids_raise_before_anything_is_patched(
     ids = ["t.a", "t.nope", "t.zzz"]
     with pytest.raises(AdapterError, match="no such adapter") as caught:
         if kwarg == "only":
-            speccompat.apply(adapters=adapters, environment=env_factory(), only=ids)
+            registry._apply(adapters=adapters, environment=env_factory(), only=ids)
         else:
-            speccompat.apply(adapters=adapters, environment=env_factory(), exclude=ids)
+            registry._apply(adapters=adapters, environment=env_factory(), exclude=ids)
     assert caught.value.adapter_id == "t.nope, t.zzz"
     assert [c.calls for c in counters] == [0, 0, 0]
     assert speccompat.active() == ()
@@ -292,7 +293,7 @@ def test_disable_switch(
 ) -> None:
     monkeypatch.setenv(DISABLE_ENV, value)
     adapters, counters = _three(target, adapter_factory)
-    report = speccompat.apply(adapters=adapters, environment=env_factory())
+    report = registry._apply(adapters=adapters, environment=env_factory())
     assert [o.state for o in report.outcomes] == [State.SKIPPED] * 3
     assert {o.reason for o in report.outcomes} == {"SPECCOMPAT_DISABLE=1"}
     assert [c.calls for c in counters] == [0, 0, 0]
@@ -308,7 +309,7 @@ def test_disable_switch_off(
 ) -> None:
     monkeypatch.setenv(DISABLE_ENV, value)
     adapters, _ = _three(target, adapter_factory)
-    report = speccompat.apply(adapters=adapters, environment=env_factory())
+    report = registry._apply(adapters=adapters, environment=env_factory())
     assert report.applied == ("t.a", "t.b", "t.c")
 
 
@@ -318,7 +319,7 @@ def test_skip_switch(
 ) -> None:
     monkeypatch.setenv(SKIP_ENV, "t.a, t.c,,")
     adapters, counters = _three(target, adapter_factory)
-    report = speccompat.apply(adapters=adapters, environment=env_factory())
+    report = registry._apply(adapters=adapters, environment=env_factory())
     assert [o.state for o in report.outcomes] == [State.SKIPPED, State.APPLIED, State.SKIPPED]
     assert SKIP_ENV in report.outcomes[0].reason
     assert [c.calls for c in counters] == [0, 1, 0]
@@ -332,7 +333,7 @@ def test_newer_vllm_warns_but_applies(
 ) -> None:
     adapter = adapter_factory("t.a", patch=Counter(target))
     with pytest.warns(SpeccompatWarning, match="newer than any release"):
-        report = speccompat.apply(adapters=[adapter], environment=env_factory("0.99.0"))
+        report = registry._apply(adapters=[adapter], environment=env_factory("0.99.0"))
     assert report.state_of("t.a") is State.APPLIED
     assert not report.ok  # applied, but not proven on this release
 
@@ -348,7 +349,7 @@ def test_warnings_point_at_the_line_that_called_apply(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         line = sys._getframe().f_lineno + 1
-        speccompat.apply(adapters=[adapter], environment=env_factory("0.99.0"))
+        registry._apply(adapters=[adapter], environment=env_factory("0.99.0"))
     assert len(caught) == 2, [str(w.message) for w in caught]
     for w in caught:
         assert issubclass(w.category, SpeccompatWarning)
@@ -363,8 +364,8 @@ def test_log_messages_do_not_repeat_the_logger_name(
     adapters = [adapter_factory("t.ok", patch=Counter(target)),
                 adapter_factory("t.half", patch=_half_patch(target))]
     with caplog.at_level(logging.DEBUG, logger="speccompat"):
-        speccompat.apply(adapters=adapters, environment=env_factory())
-        speccompat.apply(adapters=adapters, environment=env_factory(None, None))
+        registry._apply(adapters=adapters, environment=env_factory())
+        registry._apply(adapters=adapters, environment=env_factory(None, None))
     records = [r for r in caplog.records if r.name == "speccompat"]
     assert {"t.ok", "t.half"} <= {m for r in records for m in r.getMessage().split()}
     for record in records:
@@ -377,7 +378,7 @@ def test_unsupported_pair_strict_raises(
     patch = Counter(target)
     adapter = adapter_factory("t.a", patch=patch)
     with pytest.raises(UnsupportedVersionError) as caught:
-        speccompat.apply(adapters=[adapter], environment=env_factory("0.10.2", "0.3.0"),
+        registry._apply(adapters=[adapter], environment=env_factory("0.10.2", "0.3.0"),
                          strict=True)
     assert "vLLM 0.10.2 with speculators 0.3.0" in caught.value.found
     assert "0.11.0 to 0.33.0" in caught.value.supported
@@ -389,7 +390,7 @@ def test_no_vllm_strict_raises(
     target: Target, env_factory: MakeEnv, adapter_factory: MakeAdapter,
 ) -> None:
     with pytest.raises(VllmNotInstalledError, match="SPECCOMPAT_VLLM_VERSION"):
-        speccompat.apply(adapters=[adapter_factory("t.a", patch=Counter(target))],
+        registry._apply(adapters=[adapter_factory("t.a", patch=Counter(target))],
                          environment=env_factory(None), strict=True)
 
 
@@ -398,7 +399,7 @@ def test_judge_support_false_is_silent(
 ) -> None:
     adapter = adapter_factory("t.a", patch=Counter(target))
     with no_warnings():
-        report = speccompat.apply(adapters=[adapter], environment=env_factory("0.99.0"),
+        report = registry._apply(adapters=[adapter], environment=env_factory("0.99.0"),
                                   judge_support=False)
     assert report.state_of("t.a") is State.APPLIED
     assert not report.support.supported  # the verdict is still in the report
@@ -424,7 +425,7 @@ def test_failing_patch_is_reverted(
     greet, step = target.module.greet, target.Engine.__dict__["step"]
     adapter = adapter_factory("t.half", patch=_half_patch(target))
     with caplog.at_level(logging.WARNING, logger="speccompat"):
-        report = speccompat.apply(adapters=[adapter], environment=env_factory())
+        report = registry._apply(adapters=[adapter], environment=env_factory())
     assert report.state_of("t.half") is State.FAILED
     assert report.outcomes[0].reason == "patch failed: RuntimeError('boom')"
     assert not report.ok
@@ -445,7 +446,7 @@ def test_failing_patch_strict_raises_and_reverts(
     greet = target.module.greet
     adapter = adapter_factory("t.half", patch=_half_patch(target))
     with pytest.raises(AdapterError, match="patch failed") as caught:
-        speccompat.apply(adapters=[adapter], environment=env_factory(), strict=True)
+        registry._apply(adapters=[adapter], environment=env_factory(), strict=True)
     assert isinstance(caught.value.__cause__, RuntimeError)
     assert target.module.greet is greet
     assert speccompat.active() == ()
@@ -456,7 +457,7 @@ def test_one_failure_does_not_stop_the_others(
 ) -> None:
     bad = adapter_factory("t.bad", patch=_half_patch(target))
     good = adapter_factory("t.good", patch=Counter(target))
-    report = speccompat.apply(adapters=[bad, good], environment=env_factory())
+    report = registry._apply(adapters=[bad, good], environment=env_factory())
     assert [o.state for o in report.outcomes] == [State.FAILED, State.APPLIED]
     assert target.module.greet("x") == "patched: hello x"
     assert json.loads(os.environ[ACTIVE_ENV]) == ["t.good"]
@@ -468,7 +469,7 @@ def test_strict_failure_leaves_a_consistent_state(
     good = adapter_factory("t.good", patch=Counter(target))
     bad = adapter_factory("t.bad", probe=lambda: "mismatch")
     with pytest.raises(AdapterError):
-        speccompat.apply(adapters=[good, bad], environment=env_factory(), strict=True)
+        registry._apply(adapters=[good, bad], environment=env_factory(), strict=True)
     published = json.loads(os.environ.get(ACTIVE_ENV, "[]"))
     assert list(speccompat.active()) == published
 
@@ -481,8 +482,8 @@ def test_apply_twice_is_idempotent(
 ) -> None:
     patch = Counter(target)
     adapter = adapter_factory("t.a", patch=patch)
-    first = speccompat.apply(adapters=[adapter], environment=env_factory())
-    second = speccompat.apply(adapters=[adapter], environment=env_factory())
+    first = registry._apply(adapters=[adapter], environment=env_factory())
+    second = registry._apply(adapters=[adapter], environment=env_factory())
     assert first.state_of("t.a") is second.state_of("t.a") is State.APPLIED
     assert second.outcomes[0].reason == "already applied in this process"
     assert patch.calls == 1
@@ -493,7 +494,7 @@ def test_active_env_is_published_and_withdrawn(
     target: Target, env_factory: MakeEnv, adapter_factory: MakeAdapter,
 ) -> None:
     adapters, _ = _three(target, adapter_factory)
-    speccompat.apply(adapters=adapters, environment=env_factory(), exclude=["t.b"])
+    registry._apply(adapters=adapters, environment=env_factory(), exclude=["t.b"])
     assert json.loads(os.environ[ACTIVE_ENV]) == ["t.a", "t.c"]
     assert speccompat.active() == ("t.a", "t.c")
     speccompat.revert()
@@ -507,7 +508,7 @@ def test_nothing_applied_publishes_nothing(
 ) -> None:
     adapter = adapter_factory("t.a", patch=Counter(target), vllm="<0.11",
                               probe=lambda: "old shape gone")
-    speccompat.apply(adapters=[adapter], environment=env_factory())
+    registry._apply(adapters=[adapter], environment=env_factory())
     assert ACTIVE_ENV not in os.environ
 
 
@@ -516,7 +517,7 @@ def test_report_object(
 ) -> None:
     applied = adapter_factory("t.applied", patch=Counter(target))
     old = adapter_factory("t.old", vllm="<0.11", probe=lambda: "gone")
-    report = speccompat.apply(adapters=[applied, old], environment=env_factory())
+    report = registry._apply(adapters=[applied, old], environment=env_factory())
     data = report.as_dict()
     assert data["supported"] is True
     assert data["ok"] is True
@@ -568,7 +569,7 @@ def test_report_before_apply_with_versions_says_apply_was_not_called(
 def test_report_after_apply_and_after_revert(
     target: Target, env_factory: MakeEnv, adapter_factory: MakeAdapter,
 ) -> None:
-    applied = speccompat.apply(adapters=[adapter_factory("t.a", patch=Counter(target))],
+    applied = registry._apply(adapters=[adapter_factory("t.a", patch=Counter(target))],
                                environment=env_factory())
     assert speccompat.report() is applied
     speccompat.revert()
@@ -600,7 +601,7 @@ def test_concurrent_apply_patches_once(
     def run() -> None:
         try:
             barrier.wait()
-            result = speccompat.apply(adapters=[adapter], environment=env)
+            result = registry._apply(adapters=[adapter], environment=env)
             with lock:
                 reports.append(result)
         except BaseException as exc:  # pragma: no cover - reported below

@@ -112,7 +112,7 @@ def server_adapter(adapter_factory: Any, env_factory: Any,
 
 def test_user_apply_leaves_server_adapters_to_the_plugin(server_adapter: Any) -> None:
     adapter, patched = server_adapter
-    report = registry.apply(adapters=(adapter,), judge_support=False)
+    report = registry._apply(adapters=(adapter,), judge_support=False)
     assert report.state_of(adapter.id) is State.SKIPPED
     assert "plugin applies it inside vllm serve" in report.outcomes[0].reason
     assert patched == []

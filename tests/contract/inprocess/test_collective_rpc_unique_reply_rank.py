@@ -74,6 +74,7 @@ def test_consumer_view_keeps_the_list_contract(executor: Any) -> None:
 UNIPROC = """
 import json, sys
 import speccompat
+from speccompat import registry
 from vllm.engine.arg_utils import EngineArgs
 try:
     from vllm.v1.executor.uniproc_executor import UniProcExecutor
@@ -139,7 +140,7 @@ def test_wrapped_generator_classes_keep_their_types(
     from vllm.v1.executor.multiproc_executor import MultiprocExecutor
 
     before = {n: v for n, v in vars(generator_module).items() if isinstance(v, type)}
-    speccompat.apply(sides=(speccompat.Side.DRIVER,))
+    speccompat.registry._apply(sides=(speccompat.Side.DRIVER,))
     try:
         replaced = {n: (real, getattr(generator_module, n)) for n, real in before.items()
                     if getattr(generator_module, n) is not real}

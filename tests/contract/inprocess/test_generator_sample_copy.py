@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from speccompat import registry
 from speccompat.inprocess import shm
 from speccompat.inprocess.adapters.generator_sample_copy import ID, UPSTREAM_GENERATE_SHA256, _probe
 from speccompat.inprocess.adapters.generator_sample_copy import (
@@ -113,7 +114,7 @@ def test_revert_restores_upstreams_generate(generator_module: Any) -> None:
     from speccompat.patching import patched_by
 
     upstream = generator_module.VllmHiddenStatesGenerator.generate
-    speccompat.apply(sides=(speccompat.Side.DRIVER,))
+    registry._apply(sides=(speccompat.Side.DRIVER,))
     try:
         assert patched_by(generator_module.VllmHiddenStatesGenerator.generate) == ID
     finally:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import serving
+from speccompat import registry
 from speccompat.server.adapters.deepseek_first_layer_residual import DEEPSEEK, ID, MODEL, _probe
 from speccompat.server.adapters.extract_hidden_states_layer_ids import ID as LAYER_ID_CHECK
 from support import needs_adapter, requires_vllm, source_text
@@ -92,7 +93,7 @@ def test_the_loop_gets_the_ids_without_0_and_a_flag(ids: list[int]) -> None:
     from speccompat.record import ExtractionPath
     from speccompat.server.aux_edges import SERVES_ID_0
 
-    report = speccompat.apply(only=[ID], paths=(ExtractionPath.SERVER,), judge_support=False)
+    report = registry._apply(only=[ID], paths=(ExtractionPath.SERVER,), judge_support=False)
     try:
         assert report.state_of(ID) is speccompat.State.APPLIED
         from vllm.model_executor.models import deepseek_v2
@@ -122,7 +123,7 @@ def test_the_wrapped_forward_pickles_as_the_aot_compile_cache_does() -> None:
 
     stack = deepseek_v2.DeepseekV2Model
     own_forward = stack.forward
-    report = speccompat.apply(only=[ID], paths=(ExtractionPath.SERVER,), judge_support=False)
+    report = registry._apply(only=[ID], paths=(ExtractionPath.SERVER,), judge_support=False)
     try:
         assert report.state_of(ID) is speccompat.State.APPLIED
         wrapper = stack.forward

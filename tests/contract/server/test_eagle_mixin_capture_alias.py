@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 import speccompat
+from speccompat import registry
 from speccompat.record import ExtractionPath
 from speccompat.server.adapters.eagle_mixin_capture_alias import (
     ALIASING_LINE,
@@ -95,7 +96,7 @@ def test_raw_the_first_layer_overwrites_id_0() -> None:
 def test_normalized_id_0_keeps_the_embeddings() -> None:
     import torch
 
-    report = speccompat.apply(only=[ID], paths=(ExtractionPath.SERVER,), judge_support=False)
+    report = registry._apply(only=[ID], paths=(ExtractionPath.SERVER,), judge_support=False)
     try:
         assert report.state_of(ID) is speccompat.State.APPLIED, report
         embeddings = _embeddings()
@@ -120,7 +121,7 @@ def test_the_replacement_pickles_by_name_and_revert_restores() -> None:
     from vllm.model_executor.models.interfaces import EagleModelMixin
 
     own = vars(EagleModelMixin)[METHOD]
-    report = speccompat.apply(only=[ID], paths=(ExtractionPath.SERVER,), judge_support=False)
+    report = registry._apply(only=[ID], paths=(ExtractionPath.SERVER,), judge_support=False)
     try:
         assert report.state_of(ID) is speccompat.State.APPLIED, report
         replacement = vars(EagleModelMixin)[METHOD]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 import speccompat
+from speccompat import registry
 from speccompat.patching import patched_by
 from speccompat.record import ExtractionPath
 from speccompat.server.adapters.extract_hidden_states_layer_ids import FROM_CONFIG, ID, RUNNER
@@ -89,7 +90,7 @@ def test_the_ids_reader_is_wrapped_and_reverted() -> None:
     from vllm.v1.worker import gpu_model_runner
 
     original = vars(gpu_model_runner.GPUModelRunner)[FROM_CONFIG]
-    report = speccompat.apply(only=[ID], paths=(ExtractionPath.SERVER,), judge_support=False)
+    report = registry._apply(only=[ID], paths=(ExtractionPath.SERVER,), judge_support=False)
     try:
         assert report.state_of(ID) is speccompat.State.APPLIED
         assert patched_by(vars(gpu_model_runner.GPUModelRunner)[FROM_CONFIG]) == ID

@@ -20,6 +20,7 @@ import pytest
 
 import connector_drive as drive
 import speccompat
+from speccompat import registry
 from speccompat.record import ExtractionPath
 from speccompat.server.adapters.hidden_states_connector_abort_before_schedule import ID, POP
 from speccompat.targets import module_source
@@ -47,7 +48,7 @@ def _scheduler_connector(setup: Any) -> Any:
 
 @pytest.fixture
 def applied() -> Iterator[None]:
-    report = speccompat.apply(only=[ID], paths=(ExtractionPath.SERVER,), judge_support=False)
+    report = registry._apply(only=[ID], paths=(ExtractionPath.SERVER,), judge_support=False)
     assert report.state_of(ID) is speccompat.State.APPLIED, report
     try:
         yield

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 import speccompat
+from speccompat import registry
 from speccompat.record import ExtractionPath
 from speccompat.server.adapters import hidden_states_connector_cpu_writer as cpu_writer
 from speccompat.server.adapters.hidden_states_connector_chunked_prefill import (
@@ -84,7 +85,7 @@ def engine_args(tiny_llama: Path, tmp_path: Path,
 
 def _apply(*ids: str) -> None:
     wanted = [i for i in ids if adapter_applies(i)[0]]
-    report = speccompat.apply(only=wanted, paths=(ExtractionPath.SERVER,), judge_support=False)
+    report = registry._apply(only=wanted, paths=(ExtractionPath.SERVER,), judge_support=False)
     for i in wanted:
         assert report.state_of(i) is speccompat.State.APPLIED, report
 
@@ -187,7 +188,7 @@ def test_from_0_24_chunked_prefill_is_accepted_and_the_adapter_not_selected() ->
     assert REFUSAL not in (module_source(CONFIG) or "")
     assert STEP_SLOTS not in (module_source(CONNECTOR) or "")
     assert adapter_applies(ID)[0] is False
-    report = speccompat.apply(only=[ID], paths=(ExtractionPath.SERVER,), judge_support=False)
+    report = registry._apply(only=[ID], paths=(ExtractionPath.SERVER,), judge_support=False)
     try:
         assert report.state_of(ID) is speccompat.State.NOT_NEEDED
     finally:

@@ -97,7 +97,7 @@ def test_raw_those_primitives_fail_on_the_cpu_build(tmp_path: Path) -> None:
 def test_the_connector_writes_synchronously_with_it(tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
-    report = speccompat.apply(only=[ID], paths=(ExtractionPath.SERVER,), judge_support=False)
+    report = registry._apply(only=[ID], paths=(ExtractionPath.SERVER,), judge_support=False)
     try:
         assert report.state_of(ID) is speccompat.State.APPLIED
         module = _connector()
@@ -113,7 +113,7 @@ def test_the_connector_writes_synchronously_with_it(tmp_path: Path) -> None:
 
 @applies
 def test_user_apply_leaves_it_to_the_plugin() -> None:
-    report = speccompat.apply(only=[ID], judge_support=False)
+    report = registry._apply(only=[ID], judge_support=False)
     try:
         assert report.state_of(ID) is speccompat.State.SKIPPED
         assert ID not in registry.active()

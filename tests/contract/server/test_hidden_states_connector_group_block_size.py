@@ -46,7 +46,7 @@ def hybrid(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 
 def _apply(*ids: str) -> None:
-    report = speccompat.apply(only=[cpu_writer.ID, *ids], paths=(ExtractionPath.SERVER,),
+    report = registry._apply(only=[cpu_writer.ID, *ids], paths=(ExtractionPath.SERVER,),
                               judge_support=False)
     for i in ids:
         assert report.state_of(i) is speccompat.State.APPLIED, report

@@ -23,6 +23,7 @@ import pytest
 
 import connector_drive as drive
 import speccompat
+from speccompat import registry
 from speccompat.record import ExtractionPath
 from speccompat.server.adapters import hidden_states_connector_cpu_writer as cpu_writer
 from speccompat.server.adapters.hidden_states_connector_zero_rows import (
@@ -49,7 +50,7 @@ def hybrid(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 @pytest.fixture
 def guarded() -> Iterator[None]:
-    report = speccompat.apply(only=[cpu_writer.ID, ID], paths=(ExtractionPath.SERVER,),
+    report = registry._apply(only=[cpu_writer.ID, ID], paths=(ExtractionPath.SERVER,),
                               judge_support=False)
     assert report.state_of(ID) is speccompat.State.APPLIED, report
     try:
@@ -60,7 +61,7 @@ def guarded() -> Iterator[None]:
 
 @pytest.fixture
 def unguarded() -> Iterator[None]:
-    speccompat.apply(only=[cpu_writer.ID], paths=(ExtractionPath.SERVER,), judge_support=False)
+    registry._apply(only=[cpu_writer.ID], paths=(ExtractionPath.SERVER,), judge_support=False)
     try:
         yield
     finally:
@@ -191,7 +192,7 @@ def test_before_0_22_the_forward_write_is_skipped_not_raised(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     import torch
 
-    report = speccompat.apply(only=[ID], paths=(ExtractionPath.SERVER,), judge_support=False)
+    report = registry._apply(only=[ID], paths=(ExtractionPath.SERVER,), judge_support=False)
     try:
         module = drive.connector_module()
         states = torch.randn(5, 3, 64)

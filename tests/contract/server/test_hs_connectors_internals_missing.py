@@ -119,7 +119,7 @@ def _build(config: Any, role: str, kv_cache_config: Any) -> Any:
 
 @pytest.fixture
 def applied() -> Iterator[None]:
-    report = speccompat.apply(only=[ID], paths=(ExtractionPath.SERVER,), judge_support=False)
+    report = registry._apply(only=[ID], paths=(ExtractionPath.SERVER,), judge_support=False)
     try:
         assert report.state_of(ID) is speccompat.State.APPLIED
         yield
@@ -240,7 +240,7 @@ def test_the_stock_connector_still_builds(engine_config: Any, kv_cache_config: A
 def test_fails_without_it(engine_config: Any, kv_cache_config: Any, tmp_path: Path) -> None:
     """Applied, the refusal; reverted, the bare ImportError again."""
     config = _with(engine_config, MOONCAKE, tmp_path)
-    speccompat.apply(only=[ID], paths=(ExtractionPath.SERVER,), judge_support=False)
+    registry._apply(only=[ID], paths=(ExtractionPath.SERVER,), judge_support=False)
     try:
         with pytest.raises(UnsupportedConnectorError):
             _build(config, "SCHEDULER", kv_cache_config)
@@ -264,7 +264,7 @@ def test_not_selected_from_0_22() -> None:
     mismatch = _probe()
     assert mismatch is not None
     assert HIDDEN_STATE_CACHE_SPEC in mismatch and WRITE_TENSORS in mismatch
-    report = speccompat.apply(only=[ID], paths=(ExtractionPath.SERVER,), judge_support=False)
+    report = registry._apply(only=[ID], paths=(ExtractionPath.SERVER,), judge_support=False)
     try:
         assert report.state_of(ID) is speccompat.State.NOT_NEEDED
         assert ID not in registry.active()
