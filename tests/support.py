@@ -7,7 +7,7 @@ import gc
 import os
 import subprocess
 import sys
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -285,9 +285,9 @@ def fresh_shm_pool() -> Iterator[None]:
         shm._POOL = None
 
 
-def extract_engine_config(model: Path, **engine_args: Any) -> Any:
+def extract_engine_config(model: Path, ids: Sequence[int] = (1, 4), **engine_args: Any) -> Any:
     """The VllmConfig ``vllm serve MODEL --speculative-config '{"method":
-    "extract_hidden_states", ...}'`` builds (aux ids [1, 4]; ``engine_args`` add to it), built
+    "extract_hidden_states", ...}'`` builds (aux ``ids``; ``engine_args`` add to it), built
     with speccompat's plugin off (``SPECCOMPAT_DISABLE``) so this process stays raw."""
     from vllm.engine.arg_utils import EngineArgs
 
@@ -299,7 +299,8 @@ def extract_engine_config(model: Path, **engine_args: Any) -> Any:
             model=str(model), max_model_len=256, enforce_eager=True,
             speculative_config={
                 "method": "extract_hidden_states", "num_speculative_tokens": 1,
-                "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [1, 4]}},
+                "draft_model_config": {
+                    "hf_config": {"eagle_aux_hidden_state_layer_ids": list(ids)}},
             },
             **engine_args,
         ).create_engine_config()

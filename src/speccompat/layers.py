@@ -26,7 +26,10 @@ See :func:`hf_hidden_states_index`.
 Both systems capture one tensor per distinct id in ascending layer order, whatever the
 order of the list given: speculators 0.3.0's worker turns the ids into a ``frozenset``, and
 vLLM (0.16's Llama loop, 0.18+'s ``_maybe_add_hidden_state``) tests
-``idx in aux_hidden_state_layers`` while walking the layers.
+``idx in aux_hidden_state_layers`` while walking the layers; from 0.30 the model stores
+``tuple(sorted(set(ids)))`` itself. :func:`aux_slot_order` gives the slot order a file
+holds; speccompat's server path writes that order into the engine's config, so every
+release and runner writes and counts the same slots.
 
 A dataset records which convention produced it in ``speccompat_layers.json``
 (:class:`LayerIdRecord`), so a reader never has to guess.
@@ -51,6 +54,7 @@ __all__ = [
     "LayerIdConvention",
     "LayerIdError",
     "LayerIdRecord",
+    "aux_slot_order",
     "default_layer_ids",
     "hf_hidden_states_index",
     "to_speculators_ids",
@@ -164,6 +168,13 @@ def _check_ids(
                       "text_config.num_hidden_layers) and which convention the ids follow.")
         raise LayerIdError(found, valid, advice)
     return checked
+
+
+def aux_slot_order(ids: Iterable[object]) -> list[int]:
+    """The layer id in each slot of a file extracted with ``ids``: each distinct id once, in
+    ascending layer order (``[5, 2, 10, 2]`` -> ``[2, 5, 10]``), as vLLM >= 0.30 stores the
+    aux layers (``tuple(sorted(set(layers)))``) and every model walks its layers."""
+    return sorted({_as_int(raw, f"layer id at position {at}") for at, raw in enumerate(ids)})
 
 
 def to_vllm_aux_ids(output_ids: Iterable[int], num_layers: int) -> list[int]:

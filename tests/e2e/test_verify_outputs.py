@@ -182,6 +182,28 @@ def test_good_safetensors_dir_passes(tmp_path: Path, capsys: pytest.CaptureFixtu
         for i, rows in enumerate(LENGTHS)]
 
 
+def test_unordered_recorded_ids_count_as_their_slots(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """Ids recorded as [4, 0, 2, 2, 3] give 4 slots, ids 0, 2, 3, 4 in layer order (what
+    every release writes through speccompat): the files pass, a note says how the slots read,
+    and a copied slot is named by its id in that order."""
+    save_file = pytest.importorskip("safetensors.torch").save_file
+    data = write_safetensors_dir(tmp_path / "out")
+    (data / "data_config.json").write_text(json.dumps(data_config([4, 0, 2, 2, 3], HIDDEN, 3)))
+    code, out = verify(capsys, str(data))
+    assert code == 0, out
+    assert "the files hold each id once in layer order: ids [0, 2, 3, 4]" in out
+    assert "the distinct hidden_states.layer_ids in data_config.json" in out
+    states = torch.randn(6, 4, HIDDEN).to(torch.bfloat16)
+    states[:, 2] = states[:, 1]
+    save_file({"hidden_states": states, "token_ids": torch.arange(6)},
+              str(data / "hs_0.safetensors"))
+    code, payload = verify_json(capsys, str(data))
+    assert code == 1
+    (reason,) = only_failure(payload)["reasons"]
+    assert "slots 1 (id 2) and 2 (id 3)" in reason, reason
+
+
 def test_connector_request_files_under_hidden_states(tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     names = ["hidden_states/req-a.safetensors", "hidden_states/req-b.safetensors"]

@@ -264,7 +264,8 @@ def test_reading_a_dataset_without_a_record(tmp_path: Path) -> None:
 
 
 def test_public_names() -> None:
-    for name in ("LayerIdConvention", "LayerIdError", "LayerIdRecord", "default_layer_ids",
+    for name in ("LayerIdConvention", "LayerIdError", "LayerIdRecord", "aux_slot_order",
+                 "default_layer_ids",
                  "hf_hidden_states_index", "to_speculators_ids", "to_vllm_aux_ids"):
         assert name in speccompat.__all__
         assert getattr(speccompat, name) is getattr(speccompat.layers, name)
@@ -305,24 +306,24 @@ def test_unservable_ids_name_the_id_and_the_range() -> None:
     assert "id 0 breaks DeepseekV3ForCausalLM's first layer" in text
     with pytest.raises(LayerIdError, match=r"id 0 \(position 0\) cannot be served"):
         servable.check([0, 1], "ids")
-    with pytest.raises(LayerIdError, match="id 2 is repeated"):
-        servable_aux_ids("LlamaForCausalLM", 4, "0.26.0").check([1, 2, 2], "ids")
     with pytest.raises(LayerIdError, match=r"id 5 \(position 0\) cannot be served"):
         servable_aux_ids("LlamaForCausalLM", 4, "0.26.0").check([5], "ids")
     with pytest.raises(LayerIdError, match="id -1"):
         servable_aux_ids("LlamaForCausalLM", 4, "0.26.0").check([-1], "ids")
 
 
-def test_ids_out_of_order_are_refused_with_the_sorted_list() -> None:
-    """vLLM stacks the states in layer order: [3, 1] would put id 1's state in id 3's slot."""
-    from speccompat.layers import LayerIdError
+def test_ids_out_of_order_or_repeated_give_slots_in_layer_order() -> None:
+    """vLLM >= 0.30's rule on every release: each distinct id once, ascending."""
+    from speccompat.layers import aux_slot_order
     from speccompat.server.servable import servable_aux_ids
 
-    with pytest.raises(LayerIdError) as error:
-        servable_aux_ids("LlamaForCausalLM", 4, "0.26.0").check([3, 1, 4], "ids")
-    text = str(error.value)
-    assert "id 1 (position 1) comes after id 3" in text
-    assert "[1, 3, 4]" in text
+    servable = servable_aux_ids("LlamaForCausalLM", 4, "0.26.0")
+    assert servable.check([3, 1, 4], "ids") == [1, 3, 4]
+    assert servable.check([1, 2, 2], "ids") == [1, 2]
+    assert aux_slot_order([5, 2, 10, 2]) == [2, 5, 10]
+    assert aux_slot_order(()) == []
+    with pytest.raises(LayerIdError, match="is a str"):
+        aux_slot_order([1, "2"])
 
 
 @pytest.mark.parametrize(("first", "final", "low", "high"), [

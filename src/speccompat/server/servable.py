@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ..layers import LayerIdError, _as_int, _num_layers
+from ..layers import LayerIdError, _as_int, _num_layers, aux_slot_order
 
 # Architectures whose decoder stack is vLLM's DeepseekV2Model (DeepSeek V2/V3, Kimi-K2.x).
 _DEEPSEEK_FAMILY = ("Deepseek", "KimiK2")
@@ -24,8 +24,9 @@ class ServableIds:
     limits: tuple[str, ...]
 
     def check(self, ids: Iterable[object], where: str) -> list[int]:
-        """``ids`` as ints, or a :class:`LayerIdError` naming the first id outside
-        ``low..high`` (or repeated) and the range."""
+        """The slots ``ids`` give (:func:`~speccompat.layers.aux_slot_order`), or a
+        :class:`LayerIdError` naming the first id outside ``low..high`` and the range. Order
+        and repeats are accepted: the slots follow layer order, as vLLM >= 0.30 writes them."""
         checked = [_as_int(raw, f"{where} at position {at}") for at, raw in enumerate(ids)]
         valid = f"{self.low}..{self.high}" + (f" ({'; '.join(self.limits)})"
                                                if self.limits else "")
@@ -34,18 +35,7 @@ class ServableIds:
                 raise LayerIdError(f"{where}: id {layer_id} (position {at}) cannot be served",
                                    valid,
                                    f"Choose ids in {self.low}..{self.high}.")
-            if layer_id in checked[:at]:
-                raise LayerIdError(f"{where}: id {layer_id} is repeated (position {at}); "
-                                   "each id gives one state per token", valid,
-                                   "List each id once.")
-            if at and layer_id < checked[at - 1]:
-                # vLLM stacks the states in layer order, whatever order the ids came in.
-                raise LayerIdError(f"{where}: id {layer_id} (position {at}) comes after "
-                                   f"id {checked[at - 1]}; vLLM writes the states in layer "
-                                   "order, so the file's slots would not match the ids",
-                                   valid + ", ascending",
-                                   f"List the ids in ascending order: {sorted(checked)}.")
-        return checked
+        return aux_slot_order(checked)
 
 
 def servable_aux_ids(architecture: str, num_layers: int, vllm_version: str, *,

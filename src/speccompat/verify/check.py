@@ -3,11 +3,13 @@ other files, and one report."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from ..layers import aux_slot_order
 from .layout import HIDDEN_STATES_SUBDIR, discover, find_gaps
 from .metadata import DATA_CONFIG, model_hidden_size, read_metadata
 from .readers import check_pt, check_safetensors, import_load_file, import_torch
@@ -35,6 +37,15 @@ def verify_dir(path: Path | str, *, model: Path | None = None) -> VerifyReport:
     meta = read_metadata(directory)
     problems = list(meta.problems)
     notes = list(meta.notes)
+    counted = "len(hidden_states.layer_ids)"
+    if meta.layer_ids:
+        # Files hold each id once in layer order, whatever order the ids were given in.
+        slots = tuple(aux_slot_order(meta.layer_ids))
+        if slots != meta.layer_ids:
+            notes.append(f"{DATA_CONFIG} lists layer_ids {list(meta.layer_ids)}; the files "
+                         f"hold each id once in layer order: ids {list(slots)}")
+            meta = dataclasses.replace(meta, layer_ids=slots)
+            counted = "the distinct hidden_states.layer_ids"
     try:
         samples = discover(directory)
     except OSError as error:
@@ -51,7 +62,7 @@ def verify_dir(path: Path | str, *, model: Path | None = None) -> VerifyReport:
 
     # What every file must match: recorded facts first, else what most files agree on.
     if meta.layer_ids:
-        layers, layers_from = len(meta.layer_ids), f"len(hidden_states.layer_ids) in {DATA_CONFIG}"
+        layers, layers_from = len(meta.layer_ids), f"{counted} in {DATA_CONFIG}"
     else:
         layers, layers_from = _majority(o.layers for o in observed), "most files"
     hidden, hidden_from = None, ""

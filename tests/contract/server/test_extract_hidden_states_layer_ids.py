@@ -1,28 +1,48 @@
 """vLLM takes any eagle_aux_hidden_state_layer_ids for extract_hidden_states; the adapter
-checks them where the model runner reads them, against ``server.servable.servable_aux_ids``.
+checks them, and puts them in slot order, where vLLM builds the draft config that every
+runner reads them from (V1's GPU and CPU runners, Model Runner V2), against
+``server.servable.servable_aux_ids``.
 
 The table in ``servable_aux_ids`` rests on the model sources read here per release (the
 DeepSeek final-layer capture from 0.25.0, the residual added before DeepSeek's first layer,
 Llama's capture after the last layer from 0.18.0). The server refusing unservable ids at
-start-up, and the raw first-request failure, are in tests/e2e/server/test_server_path.py."""
+start-up, and the raw silent copy, are in tests/e2e/server/test_server_path.py."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 import speccompat
 from speccompat import registry
+from speccompat.layers import LayerIdError
 from speccompat.patching import patched_by
 from speccompat.record import ExtractionPath
-from speccompat.server.adapters.extract_hidden_states_layer_ids import FROM_CONFIG, ID, RUNNER
+from speccompat.server.adapters.extract_hidden_states_layer_ids import (
+    CONFIG,
+    CONFIG_CLASS,
+    ID,
+    IDS,
+)
 from speccompat.server.servable import servable_aux_ids
-from speccompat.targets import source_def
-from support import needs_adapter, requires_vllm, vllm_in
+from speccompat.targets import module_source, source_def
+from support import extract_engine_config, needs_adapter, requires_vllm, runs_models, vllm_in
 
 pytestmark = requires_vllm
 applies = needs_adapter(ID, "vLLM has no extract_hidden_states before 0.17.0")
 DEEPSEEK = "vllm.model_executor.models.deepseek_v2"
 LLAMA = "vllm.model_executor.models.llama"
+V1_RUNNER = "vllm.v1.worker.gpu_model_runner"
+V2_AUX_LAYERS = "vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils"
+V1_PROPOSER = "vllm.v1.spec_decode.extract_hidden_states"
+V2_SPECULATOR = "vllm.v1.worker.gpu.spec_decode.extract_hidden_states"
+# Where vLLM builds the draft config: SpeculativeConfig until 0.33, a V2 speculator config
+# in 0.34.
+BUILDERS = ("vllm.config.speculative",
+            "vllm.v1.worker.gpu.spec_decode.extract_hidden_states_config")
 
 
 def _installed() -> str:
@@ -37,11 +57,81 @@ def _body(module: str, qualname: str) -> str:
     return found.text
 
 
+def _target(layers: int = 4) -> Any:
+    from transformers import LlamaConfig
+
+    return LlamaConfig(num_hidden_layers=layers, architectures=["LlamaForCausalLM"])
+
+
+def _draft_config(ids: list[int]) -> Any:
+    import importlib
+
+    return getattr(importlib.import_module(CONFIG), CONFIG_CLASS)(_target(), **{IDS: ids})
+
+
+@pytest.fixture
+def adapter() -> Iterator[None]:
+    report = registry._apply(only=[ID], paths=(ExtractionPath.SERVER,), judge_support=False)
+    try:
+        assert report.state_of(ID) is speccompat.State.APPLIED, report
+        yield
+    finally:
+        speccompat.revert()
+
+
 @applies
-def test_raw_vllm_takes_the_ids_unchecked() -> None:
-    body = _body(RUNNER, f"GPUModelRunner.{FROM_CONFIG}")
-    assert "eagle_aux_hidden_state_layer_ids" in body
-    assert "num_hidden_layers" not in body and "raise" not in body
+def test_raw_vllm_takes_any_ids_into_the_draft_config() -> None:
+    """Out of range, out of order, repeated: vLLM's config keeps them as given."""
+    assert getattr(_draft_config([3, 1, 3, 9]), IDS) == [3, 1, 3, 9]
+
+
+@applies
+def test_vllm_builds_the_draft_config_from_the_target_config() -> None:
+    """``ExtractHiddenStatesConfig(<target hf_config>, **hf_config)``: the wrapped __init__
+    sees the target model's architecture and layer count (0.17-0.33 in SpeculativeConfig,
+    0.34 in Model Runner V2's speculator config)."""
+    sources = [module_source(m) or "" for m in BUILDERS]
+    calls = [text for text in sources if f"{CONFIG_CLASS}(" in text]
+    assert calls, "no module builds ExtractHiddenStatesConfig"
+    for text in calls:
+        assert "copy.copy(self.target_model_config)" in text or \
+            "copy.copy(spec.target_model_config)" in text
+        assert "draft_model_config.hf_config, **hf_config" in text
+
+
+@applies
+def test_every_runner_reads_the_ids_from_the_draft_config() -> None:
+    """The aux layers the model returns and the buffers the states land in both come from
+    the draft config's ids, on each runner the release has."""
+    readers = [(V1_RUNNER, "GPUModelRunner._get_eagle3_aux_layers_from_config"),
+               (V2_AUX_LAYERS, "get_eagle3_aux_layers_from_config")]
+    found = [(m, q, d) for m, q in readers if (d := source_def(m, q)) is not None]
+    assert found, "no runner reads eagle_aux_hidden_state_layer_ids"
+    for module, qualname, body in found:
+        assert "draft_model_config" in body.text and IDS in body.text, (module, qualname)
+    sized = [text for m in (V1_PROPOSER, V2_SPECULATOR) if (text := module_source(m))]
+    assert sized
+    for text in sized:
+        assert "self.num_hidden_states = len(layer_ids)" in text and IDS in text
+
+
+@applies
+@vllm_in(">=0.30.0", "before 0.30 each model walks its layers and tests membership: the "
+         "same ascending order, without a line that says so")
+def test_raw_model_stores_its_aux_layers_sorted_from_0_30() -> None:
+    """vLLM PR #50514: the mixin's setter sorts and de-duplicates, while the buffers keep
+    len(ids) slots (above), so a repeated id leaves a slot no layer fills."""
+    setter = source_def("vllm.model_executor.models.interfaces",
+                        "EagleModelMixin._set_aux_hidden_state_layers")
+    assert setter is not None and "tuple(sorted(set(layers)))" in setter.text
+
+
+@applies
+@vllm_in(">=0.29.0", "Model Runner V2's extract_hidden_states speculator came with 0.29.0")
+def test_raw_v2_refuses_a_state_count_other_than_len_ids() -> None:
+    """V2 raises at the first request where the model returns fewer states than ids."""
+    text = module_source(V2_SPECULATOR) or ""
+    assert "len(aux_hidden_states) != self.num_hidden_states" in text
 
 
 @applies
@@ -75,34 +165,39 @@ def test_raw_llama_serves_the_final_id_from_0_18() -> None:
 
 
 @applies
-def test_the_runner_reads_the_ids_once_while_loading_the_model() -> None:
-    """0.17-0.21 read them inline in load_model, 0.22+ in _setup_eagle3_aux_hidden_state_outputs:
-    the one call site the wrapped method has on every release."""
-    source = _body(RUNNER, "GPUModelRunner.load_model")
-    setup = source_def(RUNNER, "GPUModelRunner._setup_eagle3_aux_hidden_state_outputs")
-    calls = source.count(f"self.{FROM_CONFIG}()") + (
-        setup.text.count(f"self.{FROM_CONFIG}()") if setup is not None else 0)
-    assert calls == 1
+def test_the_config_init_is_wrapped_and_reverted() -> None:
+    import importlib
 
-
-@applies
-def test_the_ids_reader_is_wrapped_and_reverted() -> None:
-    from vllm.v1.worker import gpu_model_runner
-
-    original = vars(gpu_model_runner.GPUModelRunner)[FROM_CONFIG]
+    owner = getattr(importlib.import_module(CONFIG), CONFIG_CLASS)
+    original = vars(owner)["__init__"]
     report = registry._apply(only=[ID], paths=(ExtractionPath.SERVER,), judge_support=False)
     try:
         assert report.state_of(ID) is speccompat.State.APPLIED
-        assert patched_by(vars(gpu_model_runner.GPUModelRunner)[FROM_CONFIG]) == ID
+        assert patched_by(vars(owner)["__init__"]) == ID
     finally:
         speccompat.revert()
-    assert vars(gpu_model_runner.GPUModelRunner)[FROM_CONFIG] is original
+    assert vars(owner)["__init__"] is original
 
 
-@pytest.mark.parametrize("ids", [[1, 2, 5], [2, 2]])
 @applies
-def test_the_check_refuses_what_the_model_cannot_serve(ids: list[int]) -> None:
-    from speccompat.layers import LayerIdError
+def test_unordered_and_repeated_ids_become_the_slot_order(adapter: None) -> None:
+    assert getattr(_draft_config([3, 1, 3]), IDS) == [1, 3]
+    assert getattr(_draft_config([0, 4]), IDS) == [0, 4]
 
-    with pytest.raises(LayerIdError):
-        servable_aux_ids("LlamaForCausalLM", 4, _installed()).check(ids, "ids")
+
+@pytest.mark.parametrize("ids", [[1, 5], [-1, 2]])
+@applies
+def test_an_id_the_model_cannot_serve_is_refused(adapter: None, ids: list[int]) -> None:
+    with pytest.raises(LayerIdError, match=r"for LlamaForCausalLM on vLLM .*cannot be served"):
+        _draft_config(ids)
+
+
+@applies
+@runs_models
+def test_a_real_engine_config_holds_the_slot_order(adapter: None, tiny_llama: Path) -> None:
+    """What ``vllm serve --speculative-config`` builds: the draft config every runner
+    reads holds the ids in slot order; an id past the last layer stops it."""
+    config = extract_engine_config(tiny_llama, ids=(4, 2, 2))
+    assert getattr(config.speculative_config.draft_model_config.hf_config, IDS) == [2, 4]
+    with pytest.raises(Exception, match="id 9 \\(position 1\\) cannot be served"):
+        extract_engine_config(tiny_llama, ids=(1, 9))

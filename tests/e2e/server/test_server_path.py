@@ -97,16 +97,39 @@ def test_without_speccompat_the_cpu_build_writes_no_file(llama_fp32: Path,
 def test_an_id_the_model_cannot_serve_stops_the_server_at_start(llama_fp32_refused: Path,
                                                                 tmp_path: Path) -> None:
     """Id N + 1 on a Llama with N layers: vllm serve exits before it is ready, and its log
-    names the id and the valid range (speccompat's LayerIdError from the worker)."""
+    names the id and the valid range (speccompat's LayerIdError, raised where vLLM builds the
+    speculative config, before any engine starts)."""
     n = serving.num_layers(llama_fp32_refused)
     with pytest.raises(RuntimeError, match="exited"), \
             serving.serve(llama_fp32_refused, tmp_path, [1, n + 1], "--dtype", "float32"):
         pass
     text = (tmp_path / "server.log").read_text(errors="replace")
-    assert "speccompat.layers.LayerIdError" in text, text[-3000:]
+    assert "speccompat refuses the extract_hidden_states layer ids: LayerIdError" in text, \
+        text[-3000:]
     assert f"eagle_aux_hidden_state_layer_ids [1, {n + 1}] for LlamaForCausalLM" in text
     assert f"id {n + 1} (position 1) cannot be served" in text
     assert f"valid: 0..{n}" in text
+
+
+def test_unordered_and_repeated_ids_are_written_in_layer_order(llama_fp32: Path,
+                                                              tmp_path: Path) -> None:
+    """vLLM >= 0.30's rule on every release: ids [N, 1, 2, 1] give the slots ids 1, 2, N,
+    each once, and the server's log says so in one line."""
+    import hf_reference
+
+    n = serving.num_layers(llama_fp32)
+    asked, slots = [n, 1, 2, 1], [1, 2, n]
+    prompt = serving.prompts((12,))[0]
+    with serving.serve(llama_fp32, tmp_path, asked, "--dtype", "float32") as srv:
+        states = serving.fetch_states(srv, prompt)
+        log = srv.log_tail(10**7)
+    assert (f"eagle_aux_hidden_state_layer_ids {asked}: the files hold slot 0 = id 1, "
+            f"slot 1 = id 2, slot 2 = id {n}") in log, log[-3000:]
+    assert tuple(states.shape)[:2] == (len(prompt), len(slots))
+    want = hf_reference.layer_inputs(llama_fp32, [prompt])[0]
+    for slot, layer in enumerate(slots):
+        _, worst = hf_reference.relative_errors(states[:, slot, :], want[layer])
+        assert worst < FP32_BOUND, f"slot {slot} (id {layer}): {worst:.2e}"
 
 
 @vllm_in(">=0.18.0", "0.17's LlamaModel captures only before each layer: id N + 1 is one state "
