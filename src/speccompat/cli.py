@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import matrix, registry, verify
 from .cuda_wheels import shadowed_cuda_bindings, stale_cuda_wheels
-from .imports import import_failures
+from .imports import IMPORT_TIMEOUT_S, ImportFailure, explain, import_failures
 from .outcomes import Outcome, State
 from .record import Adapter, ExtractionPath
 from .registry import WILL_APPLY_IN_SERVE
@@ -39,20 +39,40 @@ def doctor(as_json: bool, show_all: bool = False) -> int:
     installed = list(metadata.distributions())
     stale = stale_cuda_wheels(installed)
     shadowed = shadowed_cuda_bindings(installed)
+    # Where apply() refuses the in-process path (no V1 runner), it is not judged again: its
+    # adapters come back unsupported, and the refusal is the verdict for that path.
+    refusal = registry.in_process_refusal(env)
     failures = import_failures(tuple(name for name, package in (
-        ("vllm", env.vllm), ("speculators", env.speculators)) if package is not None))
+        ("vllm", env.vllm), ("speculators", env.speculators))
+        if package is not None and not (name == "speculators" and refusal is not None)))
+    if refusal is not None and env.speculators is not None:
+        # The usual check imports it after apply(), which refuses here: import it as it is.
+        failures += _plain_import_failure("speculators")
     in_process = list(registry.catalogues()[ExtractionPath.IN_PROCESS])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        report = registry._apply(environment=env, adapters=in_process)
+        report = registry._apply(environment=env, adapters=in_process,
+                                 judge_support=refusal is None)
         server_path = registry.server_verdict(env)
-    ok = report.ok and not any(o.state in (State.FAILED, State.UNSUPPORTED)
-                               for o in server_path)
+    support = report.support
+    server_user = (env.speculators is not None
+                   and matrix.path_of(env.speculators.version) == matrix.SERVER)
+    if refusal is None:
+        ok = report.ok
+    elif server_user:  # speculators >= 0.5 does not use apply(): the pair's verdict stands
+        ok = support.supported
+    else:
+        support = matrix.Support(False, refusal.found, refusal.supported, refusal.advice)
+        ok = False
+    ok = ok and not any(o.state in (State.FAILED, State.UNSUPPORTED) for o in server_path)
     ok = ok and not (stale is not None and stale.torchcodec) and shadowed is None
     ok = ok and not failures
     if as_json:
         payload = report.as_dict()
         payload["ok"] = ok
+        payload["supported"] = support.supported
+        payload["support"] = support.message
+        payload["in_process_refused"] = str(refusal) if refusal is not None else None
         payload["stale_cuda_wheels"] = stale.message if stale is not None else None
         payload["shadowed_cuda_bindings"] = shadowed.message if shadowed is not None else None
         payload["import_failures"] = [f.as_dict() for f in failures]
@@ -62,9 +82,12 @@ def doctor(as_json: bool, show_all: bool = False) -> int:
         print(json.dumps(payload, indent=2))
         return 0 if ok else 1
     print(env.describe())
-    print(report.support.message)
+    print(support.message)
     print("in-process path (speculators 0.3/0.4's generator after speccompat.apply()):")
-    _print_outcomes(report.outcomes, show_all, env.vllm is None)
+    if refusal is not None:
+        print(f"  refused: apply() raises {type(refusal).__name__}: {refusal}")
+    if refusal is None or show_all:
+        _print_outcomes(report.outcomes, show_all, env.vllm is None)
     print("server path (vllm serve with extract_hidden_states; applied by the plugin):")
     _print_outcomes(server_path, show_all, env.vllm is None)
     for w in caught:
@@ -79,6 +102,20 @@ def doctor(as_json: bool, show_all: bool = False) -> int:
     print("\nFor a bug report:")
     print("\n".join(f"  {key}: {value}" for key, value in summary(env).items()))
     return 0 if ok else 1
+
+
+def _plain_import_failure(module: str) -> list[ImportFailure]:
+    """``import module`` in a child interpreter, without ``speccompat.apply()`` first."""
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECCOMPAT_")}
+    try:
+        run = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True,
+                             text=True, env=env, check=False, timeout=IMPORT_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return [ImportFailure(module, f"no answer in {IMPORT_TIMEOUT_S:.0f} s",
+                              "the import hangs", f"python -c 'import {module}'")]
+    return [explain(module, run.stderr)] if run.returncode != 0 else []
 
 
 # Short by default: what applies, what will apply in vllm serve, and what went wrong.

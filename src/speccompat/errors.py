@@ -42,6 +42,15 @@ class UnsupportedVersionError(SpeccompatError):
         super().__init__(f"found {found}; supported: {supported}. {advice}")
 
 
+class V1RunnerRemovedError(UnsupportedVersionError):
+    """The installed vLLM has no V1 model runner (``vllm.v1.worker.gpu_model_runner``; vLLM
+    0.34.0 removed it), which speculators 0.3/0.4's in-process generator builds itself:
+    ``apply()`` refuses before patching anything, whatever ``strict`` says."""
+
+    # What the probe looked for and did not find.
+    missing = "vllm.v1.worker.gpu_model_runner"
+
+
 class AdapterError(SpeccompatError):
     """An adapter failed to apply, or its probe disagrees with its version range."""
 

@@ -17,8 +17,14 @@ import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from . import matrix
-from .errors import AdapterError, SpeccompatWarning, UnsupportedVersionError, VllmNotInstalledError
+from . import matrix, targets
+from .errors import (
+    AdapterError,
+    SpeccompatWarning,
+    UnsupportedVersionError,
+    V1RunnerRemovedError,
+    VllmNotInstalledError,
+)
 from .inprocess.adapters import ADAPTERS as IN_PROCESS_ADAPTERS
 from .outcomes import Outcome, Report, State
 from .patching import APPLIED, Patcher
@@ -34,6 +40,13 @@ SKIP_ENV = "SPECCOMPAT_SKIP"
 WILL_APPLY_IN_SERVE = "; applies inside vllm serve"
 # How the parent's choice reaches vLLM's spawned processes (read by plugin.py).
 ACTIVE_ENV = "SPECCOMPAT_ACTIVE"
+# The V1 model runner, whose pieces speculators 0.3/0.4's generator builds itself. vLLM 0.34.0
+# deleted it (with gpu_input_batch, cpu_model_runner, kv_connector_model_runner_mixin and
+# v1/spec_decode/extract_hidden_states): Model Runner V2 (vllm/v1/worker/gpu/) is the only one.
+V1_RUNNER = "vllm.v1.worker.gpu_model_runner"
+# An in-process adapter's outcome where apply() refuses the path (doctor, vLLM's children).
+V1_RUNNER_GONE = (f"{V1_RUNNER} is gone (vLLM 0.34.0 removed the V1 model runners): apply() "
+                  "refuses the in-process path on this vLLM")
 
 
 class _Applied:
@@ -85,7 +98,8 @@ def apply(
 
     ``only``/``exclude`` take adapter ids; ``strict=True`` raises a typed error instead of
     logging and continuing. Serves the in-process generator: the plugin applies the server
-    path's adapters inside ``vllm serve``.
+    path's adapters inside ``vllm serve``. On a vLLM without the V1 model runner (0.34.0 on)
+    it raises ``V1RunnerRemovedError`` before patching anything, also with ``strict=False``.
     """
     return _apply(strict=strict, only=only, exclude=exclude)
 
@@ -125,11 +139,15 @@ def _apply(
                 for a in pool
             ]
             return _remember(Report(env, support, tuple(outcomes)))
+        refusal = in_process_refusal(env) if ExtractionPath.IN_PROCESS in paths else None
         if judge_support:
+            if refusal is not None:
+                raise refusal  # before anything is patched, strict or not
             _judge_support(env, support, strict)
         skip = exclude_ids | _split(os.environ.get(SKIP_ENV, ""))
         try:
-            outcomes = [_apply_one(a, env, strict, only_ids, skip, sides, paths) for a in pool]
+            outcomes = [_apply_one(a, env, strict, only_ids, skip, sides, paths,
+                                   refused=refusal is not None) for a in pool]
         finally:
             _publish_active()  # also when strict raised part-way: children follow this process
         return _remember(Report(env, support, tuple(outcomes)))
@@ -152,8 +170,12 @@ def report() -> Report:
             return _STATE.last
     env = detect()
     support = matrix.check(env)
+    refused = in_process_refusal(env) is not None
     outcomes = []
     for adapter in catalogue():
+        if refused and wing_of(adapter) is ExtractionPath.IN_PROCESS:
+            outcomes.append(Outcome(adapter.id, State.UNSUPPORTED, V1_RUNNER_GONE, adapter.side))
+            continue
         verdict = select(adapter, env, probe=False)
         state = State.NOT_NEEDED if not verdict.wanted else State.SKIPPED
         reason = (verdict.why if not verdict.wanted
@@ -209,6 +231,8 @@ def _apply_one(
     skip: set[str],
     sides: Sequence[Side],
     paths: Sequence[ExtractionPath] = (ExtractionPath.IN_PROCESS,),
+    *,
+    refused: bool = False,
 ) -> Outcome:
     def outcome(state: State, reason: str) -> Outcome:
         return Outcome(adapter.id, state, reason, adapter.side)
@@ -227,6 +251,8 @@ def _apply_one(
         return outcome(State.SKIPPED, f"{path.value}-path adapter, not for this process")
     if adapter.side not in sides:
         return outcome(State.SKIPPED, f"{adapter.side.value}-side adapter, not for this process")
+    if refused and path is ExtractionPath.IN_PROCESS:
+        return outcome(State.UNSUPPORTED, V1_RUNNER_GONE)
     verdict = select(adapter, env, probe=True)
     why, mismatch = verdict.why, verdict.mismatch
     if env.vllm is None:
@@ -266,6 +292,28 @@ def _disagree(adapter: Adapter, message: str, strict: bool) -> None:
     if strict:
         raise AdapterError(adapter.id, message)
     _warn(f"adapter {adapter.id}: {message}")
+
+
+def in_process_refusal(env: Environment) -> V1RunnerRemovedError | None:
+    """Why ``apply()`` refuses the in-process path here, or ``None``: the installed vLLM (its
+    metadata and its package) has no V1 model runner, which speculators 0.3/0.4's generator
+    builds pieces of itself. Decided by reading the installed files (nothing is imported), not
+    by the version number: vLLM 0.34.0 is where the runner went."""
+    if env.vllm is None or targets.module_source("vllm") is None:
+        return None
+    if targets.module_source(V1_RUNNER) is not None:
+        return None
+    with_speculators = ("" if env.speculators is None
+                        else f" with speculators {env.speculators.version}")
+    return V1RunnerRemovedError(
+        f"vLLM {env.vllm.raw}{with_speculators}, whose {V1_RUNNER} is gone (vLLM 0.34.0 "
+        "removed the V1 model runners; Model Runner V2 is the only runner)",
+        "speculators 0.3/0.4's in-process generator (VllmHiddenStatesGenerator, what "
+        "speccompat.apply() serves) on vLLM up to 0.33.x, the last release with the V1 runner",
+        "Nothing was patched. Stay on vLLM 0.33.x for speculators 0.3/0.4 (pip install "
+        f"'{env.vllm.distribution}<0.34'), or move to speculators >= 0.5's server path: "
+        "`vllm serve` with `extract_hidden_states`, which speccompat supports on vLLM 0.34 "
+        "(its plugin applies inside vllm serve; no apply() call is needed).")
 
 
 def _judge_support(env: Environment, support: matrix.Support, strict: bool) -> None:
