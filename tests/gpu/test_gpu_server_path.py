@@ -81,7 +81,22 @@ def _extract_and_compare(model: Path, tmp_path: Path, name: str, *extra: str,
             assert share <= OUTLIER_SHARE, lines[-1]
             assert float((got[:, slot].float() == 0).all(dim=-1).sum()) == 0, \
                 f"{name} prompt {index} id {layer}: all-zero rows"
-    assert again.equal(states[1]), "the repeated prompt came back different"
+    # The repeat reads its first full blocks from the prefix cache (bit-equal) and computes
+    # the rest again in another batch shape: in bf16 MoE (DeepSeek) those rows may differ
+    # (seen on 0.34.0: rows 64..119 of 120), so they must meet the HF bound on their own.
+    differ = (again != states[1]).flatten(1).any(dim=1).nonzero().flatten().tolist()
+    if differ:
+        first = differ[0]
+        assert differ == list(range(first, again.shape[0])) and first > 0, \
+            f"{name}: the repeat differs in rows {differ[:8]}..., not only the recomputed tail"
+        for slot, layer in enumerate(ids):
+            errors = hf_reference.token_errors(again[:, slot], reference[1][layer])
+            share = float((errors > TOKEN_BOUND).float().mean())
+            lines.append(f"{name} repeat (rows {first}.. recomputed) id {layer}: max "
+                         f"{float(errors.max()):.3e}, share over {TOKEN_BOUND}: {share:.4f}")
+            assert share <= OUTLIER_SHARE, lines[-1]
+    else:
+        lines.append(f"{name} repeat: bit-equal")
     # torch's aot_compile pickles the compiled forward by name: a wrapper it cannot pickle
     # costs every later start its compile cache (seen with DeepSeek on 0.32.0, fixed in
     # aux_edges.serve_first_id). Releases without AOT compile log neither line.
