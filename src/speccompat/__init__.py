@@ -15,6 +15,7 @@ from .errors import (
     SpeccompatWarning,
     UnsupportedConnectorError,
     UnsupportedVersionError,
+    V1RunnerRemovedError,
     VllmNotInstalledError,
     WorkerFailedError,
 )
@@ -53,6 +54,7 @@ __all__ = [
     "State",
     "UnsupportedConnectorError",
     "UnsupportedVersionError",
+    "V1RunnerRemovedError",
     "VllmNotInstalledError",
     "WorkerFailedError",
     "__version__",
