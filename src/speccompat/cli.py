@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import matrix, registry, verify
 from .cuda_wheels import shadowed_cuda_bindings, stale_cuda_wheels
-from .imports import IMPORT_TIMEOUT_S, ImportFailure, explain, import_failures
+from .imports import import_failures
 from .outcomes import Outcome, State
 from .record import Adapter, ExtractionPath
 from .registry import WILL_APPLY_IN_SERVE
@@ -42,12 +42,10 @@ def doctor(as_json: bool, show_all: bool = False) -> int:
     # Where apply() refuses the in-process path (no V1 runner), it is not judged again: its
     # adapters come back unsupported, and the refusal is the verdict for that path.
     refusal = registry.in_process_refusal(env)
+    # The usual check imports speculators after apply(), which refuses here: import it as is.
     failures = import_failures(tuple(name for name, package in (
-        ("vllm", env.vllm), ("speculators", env.speculators))
-        if package is not None and not (name == "speculators" and refusal is not None)))
-    if refusal is not None and env.speculators is not None:
-        # The usual check imports it after apply(), which refuses here: import it as it is.
-        failures += _plain_import_failure("speculators")
+        ("vllm", env.vllm), ("speculators", env.speculators)) if package is not None),
+        plain=("speculators",) if refusal is not None else ())
     in_process = list(registry.catalogues()[ExtractionPath.IN_PROCESS])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -102,20 +100,6 @@ def doctor(as_json: bool, show_all: bool = False) -> int:
     print("\nFor a bug report:")
     print("\n".join(f"  {key}: {value}" for key, value in summary(env).items()))
     return 0 if ok else 1
-
-
-def _plain_import_failure(module: str) -> list[ImportFailure]:
-    """``import module`` in a child interpreter, without ``speccompat.apply()`` first."""
-    import subprocess
-
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECCOMPAT_")}
-    try:
-        run = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True,
-                             text=True, env=env, check=False, timeout=IMPORT_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        return [ImportFailure(module, f"no answer in {IMPORT_TIMEOUT_S:.0f} s",
-                              "the import hangs", f"python -c 'import {module}'")]
-    return [explain(module, run.stderr)] if run.returncode != 0 else []
 
 
 # Short by default: what applies, what will apply in vllm serve, and what went wrong.

@@ -68,15 +68,19 @@ IMPORTS = {"vllm": "import vllm",
            "speculators": "import speccompat; speccompat.apply(); import speculators"}
 
 
-def import_failures(modules: tuple[str, ...]) -> list[ImportFailure]:
+def import_failures(modules: tuple[str, ...], *,
+                    plain: tuple[str, ...] = ()) -> list[ImportFailure]:
     """Each of ``modules`` imported in a child interpreter as a user's program imports it
-    (``IMPORTS``); the ones that failed."""
+    (``IMPORTS``; those in ``plain`` with a bare ``import``, e.g. where ``apply()`` refuses);
+    the ones that failed."""
     failures = []
     # The child must not inherit this process's speccompat settings.
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECCOMPAT_")}
     for module in modules:
+        statement = f"import {module}" if module in plain else IMPORTS.get(module,
+                                                                          f"import {module}")
         try:
-            run = subprocess.run([sys.executable, "-c", IMPORTS.get(module, f"import {module}")],
+            run = subprocess.run([sys.executable, "-c", statement],
                                  capture_output=True, text=True, env=env, check=False,
                                  timeout=IMPORT_TIMEOUT_S)
         except subprocess.TimeoutExpired:

@@ -14,7 +14,6 @@ names a folder for the servers' logs and ``layer-ids.txt`` (the figures).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
@@ -33,10 +32,6 @@ OUTLIER_SHARE = 0.01
 GPU_ARGS = ("--gpu-memory-utilization", "0.2", "--kv-cache-memory-bytes", "1073741824",
             "--max-num-seqs", "16")
 REFUSAL = "speccompat refuses the extract_hidden_states layer ids: LayerIdError"
-
-
-def _num_layers(model: Path) -> int:
-    return int(json.loads((model / "config.json").read_text())["num_hidden_layers"])
 
 
 def _prompts() -> list[list[int]]:
@@ -65,7 +60,7 @@ def _runner(log: str) -> str:
 
 
 def test_an_id_past_the_last_layer_stops_the_server(tiny_llama: Path, tmp_path: Path) -> None:
-    n = _num_layers(tiny_llama)
+    n = serving.num_layers(tiny_llama)
     with pytest.raises(RuntimeError, match="exited"), \
             serving.serve(tiny_llama, tmp_path, [1, n + 1], *GPU_ARGS):
         pass
@@ -80,7 +75,7 @@ def test_unordered_and_repeated_ids_give_slots_in_layer_order(tiny_llama: Path, 
                                                               eager: bool) -> None:
     import hf_reference
 
-    n = _num_layers(tiny_llama)
+    n = serving.num_layers(tiny_llama)
     asked, slots = [n, 1, 2, 1], [1, 2, n]
     prompts = _prompts()
     env = {"VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache")}
@@ -107,7 +102,7 @@ def test_unordered_and_repeated_ids_give_slots_in_layer_order(tiny_llama: Path, 
 def test_without_speccompat_a_repeated_id(tiny_llama: Path, tmp_path: Path) -> None:
     """The raw behaviour the slot order answers, recorded: vLLM sizes its buffers by the
     list (4 slots) while the model returns one state per distinct id (3)."""
-    n = _num_layers(tiny_llama)
+    n = serving.num_layers(tiny_llama)
     prompt = _prompts()[0]
     try:
         with serving.serve(tiny_llama, tmp_path, [n, 1, 2, 1], *GPU_ARGS,
