@@ -121,7 +121,10 @@ def test_without_speccompat_a_repeated_id(tiny_llama: Path, tmp_path: Path) -> N
                     outcome += f", no file: {str(error)[:200]}"
             log = srv.log_tail(10**7)
     except RuntimeError as error:
-        outcome, log = f"refused at start-up: {str(error)[:300]}", ""
+        # The runner is named in the server's log, not in the error's tail.
+        server_log = tmp_path / "server.log"
+        log = server_log.read_text(errors="replace") if server_log.exists() else ""
+        outcome = f"refused at start-up: {str(error)[:300]}"
     errors = [line for line in log.splitlines() if "Error" in line][-3:]
     _record(tmp_path, "raw", [f"raw [n, 1, 2, 1] on {_runner(log)}: {outcome}", *errors])
     # Whatever it is, it is not 4 filled slots in the order asked.
