@@ -137,11 +137,16 @@ def install_into(
     cpu_build: bool = True,
 ) -> None:
     """The install recipe of a cell (``cells.install_plan``: speculators, then vLLM with
-    its requirements winning) into the environment of ``python`` (any venv)."""
+    its requirements winning) into the environment of ``python`` (any venv). A step that
+    departs from the plain install (``cells.INDEX_GAPS``) says why, as a warning."""
     ours = ("-e", str(ROOT), *TEST_DEPS)
     plan = cells.install_plan(python, wheel, speculators, pins, ours=ours, cpu_build=cpu_build,
-                              tmp=session.create_tmp() if cpu_build else "")
+                              tmp=session.create_tmp())
     for step in plan:
+        if step.note:
+            session.warn(step.note)
+        if step.writes:
+            Path(step.writes).write_text(step.text)
         if not step.listing:
             session.run_install(*step.args, external=True)
             continue
@@ -400,6 +405,9 @@ def cell(session: nox.Session, vllm: str, speculators: str, transformers: str) -
         venv=str(session.virtualenv.location), commit=speccompat_commit(),
         environment_fix=environment_fix,
     )
+    if install_note := cells.index_gap_note(the_cell.wheel):
+        # What the install put in place of a pin this index lacks (cells.INDEX_GAPS).
+        record["install_note"] = install_note
     path = compatibility.write_record(RESULTS, record)
     session.log(f"{the_cell.name}: {record['outcome']} (contract: "
                 f"{compatibility.stage_text(record['contract'])}; e2e: "

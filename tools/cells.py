@@ -9,7 +9,9 @@ and its own requirements follow with the plain ``torch==X`` (PyPI's torch brings
 it needs, so the wheel's own ``triton`` pin is dropped): ``cpu_wheel_requirements``. A
 transformers variant cell resolves its transformers requirement together with vLLM's.
 Releases without a CPU build (``Cell.contract_only``) install the CUDA wheel ``vllm==X``
-with its dependencies.
+with its dependencies; where that wheel pins a release the package index these machines
+reach does not serve (``INDEX_GAPS``), the plan installs a named substitute through a uv
+override file and says so (``Step.note``): a gap of this index, not advice to users.
 
 Also here: the scripts run with a cell's interpreter (metadata only, nothing imported but
 the compiled-ops check) and the parsing of what they print, and what ``pip index versions``
@@ -79,6 +81,12 @@ class Step:
 
     args: tuple[str, ...]
     listing: str = ""
+    # Before the command runs: ``text`` written to the file ``writes`` (a uv override
+    # file), and ``note`` said where the install is logged (why the step departs from the
+    # plain install).
+    writes: str = ""
+    text: str = ""
+    note: str = ""
 
 
 # Run with the cell's interpreter (speccompat is installed there): what ``python -m speccompat
@@ -130,6 +138,42 @@ def listing_path(tmp: str | Path, python: str) -> Path:
     return Path(tmp) / f"requirements-{Path(python).parent.parent.name}.txt"
 
 
+def overrides_path(tmp: str | Path, python: str) -> Path:
+    """Where the uv override file for ``python``'s venv is written (``INDEX_GAPS``)."""
+    return Path(tmp) / f"overrides-{Path(python).parent.parent.name}.txt"
+
+
+# Requirements of a CUDA wheel that the package index these machines install from does not
+# serve, each as (the wheel's pin, the release installed instead), for that wheel only
+# (``install_plan``: a uv ``--overrides`` file, said in the session log and the cell's
+# record). A gap of this index, never advice to users: PyPI serves the pinned release.
+# vllm==0.34.0 pins flashinfer-python==0.7.3. The index here lists 0.7.2.post1 and 0.7.4,
+# no 0.7.3, and the plain install fails: "there is no version of flashinfer-python==0.7.3
+# and vllm>=0.34.0 depends on flashinfer-python==0.7.3 [...] your requirements are
+# unsatisfiable" (uv 0.13.9, pip install --dry-run, 2026-12-04). With 0.7.4 or
+# 0.7.2.post1 overriding it, speculators 0.9.0 and vllm 0.34.0 resolve to the same 206
+# other packages (dry runs); 0.7.4 is the nearest later release. Leaving flashinfer out
+# (``--excludes``) would also drop what it brings and a user gets: cuda-python, cuda-core,
+# cuda-tile, nccl4py, nccl-extensions, nvidia-ml-py. The contract-only cells run no
+# FlashInfer kernel; the CUDA runs staged around the same gap (docs/results/gpu-results.md).
+INDEX_GAPS: dict[str, tuple[tuple[str, str], ...]] = {
+    "vllm==0.34.0": (("flashinfer-python==0.7.3", "flashinfer-python==0.7.4"),),
+}
+
+
+def index_gap_note(wheel: str) -> str:
+    """What a cell of ``wheel`` installs in place of the pins the index lacks, and why, in
+    one line ("" where nothing is substituted)."""
+    gaps = INDEX_GAPS.get(wheel, ())
+    if not gaps:
+        return ""
+    swaps = ", ".join(f"{sub} in place of {pin}" for pin, sub in gaps)
+    pins = ", ".join(pin for pin, _ in gaps)
+    return (f"index gap: {wheel} pins {pins}, which the package index these cells install "
+            f"from does not serve; installed {swaps} (uv --overrides, tools/cells.py "
+            "INDEX_GAPS). Not advice to users: PyPI serves the pinned release")
+
+
 def install_plan(
     python: str,
     wheel: str,
@@ -147,13 +191,20 @@ def install_plan(
     2. vLLM: the CUDA wheel with its dependencies; or the CPU ``wheel`` without them and
        then its own requirements (``cpu_wheel_requirements``, written to a file under
        ``tmp``), with ``pins`` (a transformers variant) and ``ours`` (speccompat editable
-       and the test deps) in one resolution.
+       and the test deps) in one resolution. A CUDA wheel with ``INDEX_GAPS`` gets its
+       substitutes through an override file under ``tmp`` (``Step.writes``, ``Step.note``).
     An installed package that meets vLLM's requirements stays; one that does not is
     replaced: vLLM's requirements win, and speculators' are not asked again.
     """
     first = Step(uv_pip_install(python, f"speculators=={speculators}"))
     if not cpu_build:
-        return [first, Step(uv_pip_install(python, wheel, *pins, *ours))]
+        gaps = INDEX_GAPS.get(wheel, ())
+        if not gaps:
+            return [first, Step(uv_pip_install(python, wheel, *pins, *ours))]
+        overrides = str(overrides_path(tmp, python))
+        return [first, Step(uv_pip_install(python, "--overrides", overrides, wheel, *pins, *ours),
+                            writes=overrides, text="".join(f"{sub}\n" for _, sub in gaps),
+                            note=index_gap_note(wheel))]
     listing = str(listing_path(tmp, python))
     return [
         first,

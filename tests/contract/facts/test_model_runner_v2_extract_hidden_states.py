@@ -9,7 +9,9 @@ so the server path needs no V2 adapter there. A fact test, no adapter.
   0.26.0 (docs/results/gpu-results.md). On the CPU build the forced case stops earlier, at
   "Model Runner V2 requires Triton", so the list is read here, not the refusal.
 - 0.29+: V2 runs it through its own ``ExtractHiddenStatesSpeculator``; the V1 runner stays
-  the CPU build's (no Triton backend), so V2 extraction is not run by these cells.
+  the CPU build's (no Triton backend), so V2 extraction is not run by these cells. 0.29-0.33's
+  ``init_speculator`` names it; from 0.34.0 ``init_speculator`` builds the class that the
+  method's ``SpeculatorConfig`` names (``speculator_config._CONFIG_BY_METHOD``).
 
 Read from the VllmConfig ``vllm serve`` builds for a tiny Llama asking for the method, with
 speccompat's plugin off (nothing here is patched); the 0.17-0.19 rule and V2's own
@@ -71,8 +73,32 @@ def test_raw_v2_runs_it_from_0_29(engine_config: Any) -> None:
     assert METHOD not in engine_config._get_v2_model_runner_unsupported_features()
 
 
-@vllm_in(">=0.29.0", "before 0.29 V2's init_speculator knows no extract_hidden_states")
+@vllm_in(">=0.29.0,<0.34.0", "before 0.29 V2's init_speculator knows no "
+         "extract_hidden_states; from 0.34.0 it names no speculator (the test below)")
 def test_raw_v2_has_its_own_speculator_for_it_from_0_29() -> None:
     init = source_def(V2_SPECULATORS, "init_speculator")
     assert init is not None and "ExtractHiddenStatesSpeculator" in init.text
     assert module_source(f"{V2_SPECULATORS}.extract_hidden_states") is not None
+
+
+@vllm_in(">=0.34.0", "up to 0.33 init_speculator names ExtractHiddenStatesSpeculator itself")
+def test_raw_v2_builds_the_speculator_its_method_config_names_from_0_34() -> None:
+    """0.34.0: ``init_speculator`` builds ``speculative_config.speculator_config
+    .speculator_class``; the config of ``extract_hidden_states`` names V2's own
+    ``ExtractHiddenStatesSpeculator`` and says it uses aux hidden states (what makes V2's
+    ``load_model`` set the model's aux layers). Config modules import no speculator, so
+    this reads the real tables on a machine without CUDA."""
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+    from vllm.v1.worker.gpu.spec_decode import speculator_config
+
+    init = source_def(V2_SPECULATORS, "init_speculator")
+    assert init is not None and "speculator_config.speculator_class" in init.text
+    config = resolve_obj_by_qualname(
+        speculator_config._CONFIG_BY_METHOD["extract_hidden_states"])
+    assert issubclass(config, speculator_config.SpeculatorConfig)
+    assert config.base_method == "extract_hidden_states"
+    assert config.speculator_class == (
+        f"{V2_SPECULATORS}.extract_hidden_states.ExtractHiddenStatesSpeculator")
+    assert "def uses_aux_hidden_states" in (module_source(config.__module__) or "")
+    speculator = module_source(f"{V2_SPECULATORS}.extract_hidden_states")
+    assert speculator is not None and "class ExtractHiddenStatesSpeculator(" in speculator

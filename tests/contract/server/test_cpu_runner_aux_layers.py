@@ -20,6 +20,7 @@ from speccompat.server.adapters.cpu_runner_aux_layers import (
     ID,
     _probe,
 )
+from speccompat.targets import module_source, source_def
 from support import needs_adapter, requires_vllm, source_text, vllm_in
 
 pytestmark = requires_vllm
@@ -54,9 +55,32 @@ def test_raw_the_cpu_runner_never_sets_the_aux_layers() -> None:
     assert _probe() is None
 
 
-@vllm_in(">=0.22.0", "before 0.22.0 the CPU runner does not set the aux layers")
+@vllm_in(">=0.22.0,<0.34.0", "before 0.22.0 the CPU runner does not set the aux layers; "
+         "0.34.0 deleted it (the test below)")
 def test_the_probe_sees_the_upstream_fix() -> None:
     assert "sets the aux layers itself" in (_probe() or "")
+
+
+@vllm_in(">=0.34.0", "up to 0.33.x the CPU build's runner is the V1 CPUModelRunner (above)")
+def test_from_0_34_the_cpu_runner_is_model_runner_v2s() -> None:
+    """vLLM 0.34.0 deleted vllm/v1/worker/cpu_model_runner.py with the other V1 runners; the
+    CPU worker builds ``vllm.v1.worker.cpu.model_runner.CPUModelRunner``, a subclass of
+    Model Runner V2's GPUModelRunner without a ``load_model`` of its own, so V2's sets the
+    aux layers (the standalone runner of non-x86 CPUs without Triton has no speculator).
+    The adapter's probe finds nothing to patch there."""
+    assert module_source(CPU_RUNNER) is None
+    assert _probe() == f"{CPU_RUNNER}.CPUModelRunner.load_model not found"
+    worker = module_source("vllm.v1.worker.cpu_worker") or ""
+    assert "from vllm.v1.worker.cpu.model_runner import CPUModelRunner" in worker
+    assert "self.model_runner = CPUModelRunner(" in worker
+    runner = module_source("vllm.v1.worker.cpu.model_runner") or ""
+    assert "from vllm.v1.worker.gpu.model_runner import GPUModelRunner" in runner
+    assert "class CPUModelRunner(GPUModelRunner):" in runner
+    assert source_def("vllm.v1.worker.cpu.model_runner", "CPUModelRunner.load_model") is None
+    load = source_def("vllm.v1.worker.gpu.model_runner", "GPUModelRunner.load_model")
+    assert load is not None
+    assert "if self.use_aux_hidden_state_outputs:" in load.text
+    assert "set_eagle3_aux_hidden_state_layers(" in load.text
 
 
 @applies
