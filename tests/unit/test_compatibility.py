@@ -40,6 +40,7 @@ class FakeCell:
     ci: bool = False
     transformers: str = ""
     path: str = "in-process"
+    refused: str = ""
 
 
 CELLS = (
@@ -402,3 +403,18 @@ def test_shipped_outcomes_are_rendered_from_the_records() -> None:
     assert set(table) == {matrix.outcome_key(c) for c in matrix.CELLS}
     assert table["0.26.0|0.9.0|"]["outcome"] == "passed"
     assert table["0.33.0|0.9.0|"]["outcome"] == "contract only"
+
+
+def test_a_refused_in_process_cell_is_neither_passed_nor_failed(tmp_path: Path) -> None:
+    """vLLM 0.34.0's in-process cells prove that apply() refuses: their outcome says so."""
+    cell = FakeCell("0.34.0", "0.3.0", contract_only=True,
+                    refused="apply() raises V1RunnerRemovedError")
+    ok = compat.stage_from_junit(junit(tmp_path / "c.xml", tests=3, skipped=1))
+    out = record(cell, ok, compat.not_run("contract-only cell"))
+    assert out["outcome"] == compat.REFUSED
+    assert out["reason"] == "apply() raises V1RunnerRemovedError"
+    text = compat.render([cell], {("0.34.0", "0.3.0", ""): out})
+    assert "refused: apply() raises V1RunnerRemovedError" in text
+    assert "(0 passed, 1 refused as designed, 0 failed)" in text
+    failed = compat.stage_from_junit(junit(tmp_path / "f.xml", tests=3, failures=1))
+    assert record(cell, failed, compat.not_run("x"))["outcome"] == compat.FAILED

@@ -44,7 +44,7 @@ def test_supported_cell(env_factory: MakeEnv) -> None:
     assert support.found == "vLLM 0.16.0 with speculators 0.3.0"
     assert support.advice == ""
     assert support.message == "vLLM 0.16.0 with speculators 0.3.0: supported"
-    assert "speculators 0.3.0 x vLLM 0.11.0 to 0.34.0 (every release)" in support.supported_text
+    assert "speculators 0.3.0 x vLLM 0.11.0 to 0.33.0 (every release)" in support.supported_text
 
 
 def test_dev_build_of_a_cell_is_that_cell(env_factory: MakeEnv) -> None:
@@ -235,3 +235,19 @@ def test_patch_release_cells_and_their_stand_in(env_factory: MakeEnv) -> None:
     assert "train/" in stand_in.message
     assert not check(env_factory("0.26.0", "0.7.0.1")).supported
     assert not check(env_factory("0.16.0", "0.8.1")).supported  # no server path there
+
+
+def test_the_in_process_pair_on_a_release_without_the_v1_runner(env_factory: MakeEnv) -> None:
+    """vLLM 0.34.0 has in-process cells (they prove the refusal), but the pair is not
+    supported, and the supported text does not list it."""
+    cell = next(c for c in matrix.CELLS if (c.vllm, c.speculators) == ("0.34.0", "0.3.0"))
+    assert "V1RunnerRemovedError" in cell.refused
+    assert not next(c for c in matrix.CELLS if (c.vllm, c.speculators) == (
+        "0.34.0", "0.9.0")).refused
+    assert not next(c for c in matrix.CELLS if (c.vllm, c.speculators) == (
+        "0.33.0", "0.3.0")).refused
+    support = check(env_factory("0.34.0", "0.3.0"))
+    assert not support.supported
+    assert "V1RunnerRemovedError" in support.advice and "0.33.x" in support.advice
+    assert "speculators 0.3.0 x vLLM 0.11.0 to 0.33.0 (every release)" in support.supported_text
+    assert check(env_factory("0.34.0", "0.9.0")).supported

@@ -381,7 +381,7 @@ def test_unsupported_pair_strict_raises(
         registry._apply(adapters=[adapter], environment=env_factory("0.10.2", "0.3.0"),
                          strict=True)
     assert "vLLM 0.10.2 with speculators 0.3.0" in caught.value.found
-    assert "0.11.0 to 0.34.0" in caught.value.supported
+    assert "0.11.0 to 0.33.0" in caught.value.supported
     assert caught.value.advice
     assert patch.calls == 0
 
