@@ -77,6 +77,18 @@ class UnsupportedConnectorError(SpeccompatError):
         )
 
 
+class UpstreamLimitationError(SpeccompatError):
+    """vLLM itself cannot do what was asked with this model, and speccompat has no workaround
+    yet: refused where it shows, with what was found, the upstream cause and what to do. The
+    upstream exception stays chained (``__cause__``)."""
+
+    def __init__(self, found: str, limitation: str, advice: str) -> None:
+        self.found = found
+        self.limitation = limitation
+        self.advice = advice
+        super().__init__(f"{found}. {limitation}. {advice}")
+
+
 class CorruptCaptureError(SpeccompatError):
     """Captured hidden states do not have the structure the consumer expects.
 

@@ -284,6 +284,15 @@ def test_public_names() -> None:
     ("KimiK25ForConditionalGeneration", "0.24.0", 1, 3),
     ("DeepseekV2ForCausalLM", "0.32.0", 1, 4),
     ("DeepseekV3ForCausalLM", "0.33.0", 1, 4),  # its source too (cell 0.33.0 x 0.9.0)
+    # DeepseekV4Model: after each layer and the final state, never id 0
+    ("DeepseekV4ForCausalLM", "0.34.0", 1, 4),
+    ("DeepseekV4ForCausalLM", "0.25.0", 1, 4),
+    ("DeepseekV4ForConditionalGeneration", "0.34.0", 1, 4),
+    ("DeepseekV41ForCausalLM", "0.34.0", 1, 4),
+    # DeepSeek-V3.2: DeepseekV2Model until 0.28; DeepseekV32Model (no final id) from 0.29
+    ("DeepseekV32ForCausalLM", "0.28.0", 1, 4),
+    ("DeepseekV32ForCausalLM", "0.29.0", 1, 3),
+    ("DeepseekV32ForCausalLM", "0.34.0", 1, 3),
 ])
 def test_servable_aux_ids(architecture: str, vllm: str, low: int, high: int) -> None:
     from speccompat.server.servable import servable_aux_ids
@@ -346,3 +355,55 @@ def test_llama_edge_ids_on_0_17_served_once_speccompat_repairs_them() -> None:
     # The flags mean nothing where vLLM serves 0..N itself.
     assert servable_aux_ids("LlamaForCausalLM", 4, "0.26.0", first_id_repaired=False,
                             final_id_repaired=False).low == 0
+
+
+@pytest.mark.parametrize("architecture", ["DeepseekV4ForCausalLM",
+                                          "DeepseekV4ForConditionalGeneration",
+                                          "DeepseekV41ForCausalLM"])
+@pytest.mark.parametrize("vllm", ["0.25.0", "0.33.0", "0.34.0"])
+def test_deepseek_v4_never_serves_id_0_whatever_speccompat_repairs(architecture: str,
+                                                                     vllm: str) -> None:
+    """DeepseekV4Model captures after each layer only; the first-layer adapter patches
+    DeepseekV2Model, not it, so its flag must not open id 0 (the server would die at the
+    first request with one state fewer than asked)."""
+    from speccompat.layers import LayerIdError
+    from speccompat.server.servable import servable_aux_ids
+
+    for first, final in ((False, False), (True, True)):
+        servable = servable_aux_ids(architecture, 4, vllm, first_id_repaired=first,
+                                    final_id_repaired=final)
+        assert (servable.low, servable.high) == (1, 4)
+        assert servable.check([1, 4], "ids") == [1, 4]
+        with pytest.raises(LayerIdError) as error:
+            servable.check([0, 2], "eagle_aux_hidden_state_layer_ids")
+        text = str(error.value)
+        assert "id 0 (position 0) cannot be served" in text and "valid: 1..4" in text
+        assert f"id 0 is never captured by {architecture}" in text
+        assert "after each layer only" in text
+
+
+def test_deepseek_v2_stack_still_serves_id_0_once_repaired() -> None:
+    """Only DeepseekV2Model's architectures follow the first-layer adapter's flag."""
+    from speccompat.server.servable import servable_aux_ids
+
+    for architecture in ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM",
+                         "KimiK25ForConditionalGeneration", "DeepseekV32ForCausalLM"):
+        repaired = servable_aux_ids(architecture, 4, "0.34.0", first_id_repaired=True)
+        assert repaired.low == 0, architecture
+        assert servable_aux_ids(architecture, 4, "0.34.0").low == 1, architecture
+
+
+@pytest.mark.parametrize(("vllm", "high"), [("0.24.0", 4), ("0.28.0", 4), ("0.29.0", 3),
+                                            ("0.34.0", 3)])
+def test_deepseek_v32_final_id_follows_its_model_class(vllm: str, high: int) -> None:
+    """Until 0.28 DeepseekV32ForCausalLM is DeepseekV2Model's DeepseekV3ForCausalLM (final id
+    repaired before 0.25 by deepseek_final_layer_capture); from 0.29.0 CUDA and ROCm run
+    DeepseekV32Model, which never captures the final state, whatever the flag says."""
+    from speccompat.server.servable import servable_aux_ids
+
+    servable = servable_aux_ids("DeepseekV32ForCausalLM", 4, vllm, first_id_repaired=True,
+                                final_id_repaired=True)
+    assert (servable.low, servable.high) == (0, high)
+    if high == 3:
+        assert "never captured by DeepseekV32ForCausalLM's DeepseekV32Model" in \
+            "; ".join(servable.limits)

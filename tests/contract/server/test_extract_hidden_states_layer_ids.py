@@ -10,6 +10,8 @@ start-up, and the raw silent copy, are in tests/e2e/server/test_server_path.py."
 
 from __future__ import annotations
 
+import copy
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ import pytest
 
 import speccompat
 from speccompat import registry
+from speccompat.errors import UpstreamLimitationError
 from speccompat.layers import LayerIdError
 from speccompat.patching import patched_by
 from speccompat.record import ExtractionPath
@@ -36,6 +39,12 @@ applies = needs_adapter(ID, "vLLM has no extract_hidden_states before 0.17.0")
 DEEPSEEK = "vllm.model_executor.models.deepseek_v2"
 LLAMA = "vllm.model_executor.models.llama"
 V1_RUNNER = "vllm.v1.worker.gpu_model_runner"
+# DeepSeek-V4 / V4.1's DeepseekV4Model, one module per platform (vllm/models/, vLLM >= 0.22).
+DEEPSEEK_V4_MODELS = tuple(f"vllm.models.{package}.{platform}.model"
+                           for package in ("deepseek_v4", "deepseek_v41")
+                           for platform in ("nvidia", "amd", "xpu", "cpu"))
+DEEPSEEK_V4_ARCHITECTURES = ("DeepseekV4ForCausalLM", "DeepseekV4ForConditionalGeneration",
+                             "DeepseekV41ForCausalLM")
 V2_AUX_LAYERS = "vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils"
 V1_PROPOSER = "vllm.v1.spec_decode.extract_hidden_states"
 V2_SPECULATOR = "vllm.v1.worker.gpu.spec_decode.extract_hidden_states"
@@ -151,6 +160,91 @@ def test_raw_deepseek_id_0_adds_a_residual_that_does_not_exist_yet() -> None:
     assert "aux_hidden_state = hidden_states + residual" in forward or (
         "aux_hidden_states.append(hidden_states + residual)" in forward)
     assert servable_aux_ids("DeepseekV3ForCausalLM", 4, _installed()).low == 1
+
+
+@applies
+def test_raw_deepseek_v4_never_captures_before_layer_0() -> None:
+    """DeepseekV4Model (DeepSeek-V4, V4.1 and the V4 multimodal wrapper's text model) tests
+    ``idx + 1`` after each layer (V4.1: the next layer hands back the previous layer's state
+    through ``capture_previous_aux``, and layer 0 has none), never ``idx`` before it: id 0 is
+    never captured, and speccompat's first-layer adapter patches DeepseekV2Model, not this.
+    ``servable_aux_ids`` refuses id 0 for these architectures whatever that adapter does."""
+    found = {module: text for module in DEEPSEEK_V4_MODELS
+             if (text := module_source(module)) is not None}
+    if not found:
+        pytest.skip(f"vLLM {_installed()} has no vllm.models.deepseek_v4 model modules: "
+                    "DeepseekV4Model has an aux capture from vLLM 0.25.0 only")
+    for module, text in found.items():
+        assert "class DeepseekV4Model(" in text, module
+        after = re.search(r"\(?idx \+ 1\)? in self\.aux_hidden_state_layers", text)
+        previous = "capture_previous_aux=idx in self.aux_hidden_state_layers" in text
+        assert after or previous, f"{module}: no aux capture after a layer"
+        before = [line.strip() for line in text.splitlines()
+                  if re.search(r"\bidx in self\.aux_hidden_state_layers", line)
+                  and "capture_previous_aux=" not in line]
+        assert not before, f"{module} captures before a layer: {before}"
+        if previous:
+            # The layer's forward (its multi-line return annotation is past source_def):
+            # the branch for the first layer (no residual yet) hands back no state.
+            layer = text.split("class DeepseekV4DecoderLayer(", 1)[-1]
+            assert "if residual is None:" in layer and "previous_aux = " in layer, module
+            first = layer.split("if residual is None:", 1)[1].split("\n        elif ", 1)[0]
+            assert "previous_aux" not in first, f"{module}: layer 0 hands back a state"
+    for architecture in DEEPSEEK_V4_ARCHITECTURES:
+        servable = servable_aux_ids(architecture, 4, _installed(), first_id_repaired=True,
+                                    final_id_repaired=True)
+        assert (servable.low, servable.high) == (1, 4), architecture
+
+
+@applies
+def test_deepseek_v4_id_0_is_refused_at_start_up(adapter: None) -> None:
+    """The adapter's check, with a config that does not go through transformers' layer-type
+    validation (a DeepSeek-V4 one does not get that far: the test below)."""
+    from transformers import PretrainedConfig
+
+    target = PretrainedConfig(architectures=["DeepseekV4ForCausalLM"], num_hidden_layers=4)
+    import importlib
+
+    config_class = getattr(importlib.import_module(CONFIG), CONFIG_CLASS)
+    with pytest.raises(LayerIdError, match=r"id 0 is never captured by DeepseekV4ForCausalLM"):
+        config_class(target, **{IDS: [0, 2, 4]})
+    assert getattr(config_class(target, **{IDS: [4, 2]}), IDS) == [2, 4]
+
+
+@applies
+def test_deepseek_v4_upstream_refusal_becomes_an_upstream_limitation_error(
+        adapter: None) -> None:
+    """Where vLLM's own __init__ fails transformers' validate_layer_type for a DeepSeek-V4
+    target (tests/contract/facts/test_deepseek_v4_extract_config.py), the adapter raises an
+    UpstreamLimitationError naming vLLM, the architecture, transformers and the message,
+    the original chained."""
+    import importlib
+
+    transformers = pytest.importorskip("transformers")
+    config_class = getattr(transformers, "DeepseekV4Config", None)
+    if config_class is None:
+        pytest.skip(f"transformers {transformers.__version__} has no DeepseekV4Config")
+    from tiny_models import deepseek_v4_config
+
+    target = config_class(**{k: v for k, v in deepseek_v4_config().items()
+                             if k != "model_type"})
+    draft = getattr(importlib.import_module(CONFIG), CONFIG_CLASS)
+    try:
+        draft(copy.copy(target), **{IDS: [1, 2, 4]})
+    except UpstreamLimitationError as error:
+        text = str(error)
+        assert error.__cause__ is not None and "UpstreamLimitationError" not in repr(
+            type(error.__cause__))
+        assert f"vLLM {_installed()}'s extract_hidden_states cannot build its draft config " \
+            f"for DeepseekV4ForCausalLM under transformers {transformers.__version__}" in text
+        assert "The `mlp_layer_types` entries must be in ('sparse', 'dense')" in text
+        assert "upstream limitation of vLLM" in text and "no workaround" in text
+        assert "track the upstream issue" in text
+    except Exception as error:  # pragma: no cover - the failure being pinned
+        pytest.fail(f"not turned into UpstreamLimitationError: {type(error).__name__}: {error}")
+    else:
+        pytest.skip("vLLM builds the draft config for DeepSeek-V4 here: the upstream problem "
+                    "is gone (see tests/contract/facts/test_deepseek_v4_extract_config.py)")
 
 
 @applies

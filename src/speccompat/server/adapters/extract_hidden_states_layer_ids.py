@@ -26,16 +26,28 @@ served where speccompat's adapters for them, DeepSeek's or 0.17's
 id stops ``vllm serve`` before any engine starts; vLLM's config validation wraps the
 :class:`~speccompat.layers.LayerIdError` in a pydantic ``ValidationError`` with the same
 text, so the adapter logs the error by name first.
+
+Where vLLM's own ``__init__`` cannot build the config at all, because transformers' generic
+``PreTrainedConfig.validate_layer_type`` refuses the target's ``layer_types`` /
+``mlp_layer_types`` once vLLM copies them into the plain ``ExtractHiddenStatesConfig``
+(DeepSeek-V4's ``mlp_layer_types`` 'hash_moe'/'moe', not in ('sparse', 'dense'): vLLM 0.26.0
+and 0.34.0 with transformers 5.19.0 and 5.22.2), the adapter raises an
+:class:`~speccompat.errors.UpstreamLimitationError` naming vLLM, the architecture,
+transformers and the validation message, the original chained. It makes nothing start:
+speccompat has no workaround for that yet (tests/contract/facts/
+test_deepseek_v4_extract_config.py pins the upstream behaviour).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import re
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from ...errors import UpstreamLimitationError
 from ...layers import LayerIdError, aux_slot_order
 from ...patching import Patcher, applied
 from ...record import Adapter, Side
@@ -51,6 +63,10 @@ IDS = "eagle_aux_hidden_state_layer_ids"
 # A child of vLLM's "vllm" logger: the line stands in the server's log with vLLM's own.
 _LOG = logging.getLogger("vllm.speccompat")
 _logged: set[tuple[str, tuple[int, ...]]] = set()
+# transformers' PreTrainedConfig.validate_layer_type (5.x): "The `mlp_layer_types` entries
+# must be in ('sparse', 'dense') but got [...]", raised as a ValueError, which huggingface_hub's
+# strict dataclass validation chains under a StrictDataclassClassValidationError.
+_LAYER_TYPES_REFUSED = re.compile(r"`(?:mlp_)?layer_types` entries must be in")
 
 
 def checked_slots(target: Any, ids: Any) -> list[int] | None:
@@ -72,7 +88,8 @@ def checked_slots(target: Any, ids: Any) -> list[int] | None:
         first = deepseek_first_layer_residual.ID in active
         final = deepseek_final_layer_capture.ID in active
     servable = servable_aux_ids(architecture, layers, vllm.__version__,
-                                first_id_repaired=first, final_id_repaired=final)
+                                first_id_repaired=first, final_id_repaired=final,
+                                config=target)
     return servable.check(ids, f"{IDS} {list(ids)} for {architecture} on vLLM {vllm.__version__}")
 
 
@@ -99,10 +116,77 @@ def normalize(config: Any, target: Any) -> None:
                   IDS, list(ids), pairs)
 
 
+def _layer_types_refusal(error: BaseException) -> BaseException | None:
+    """The exception in ``error``'s chain that is transformers' layer-type validation
+    refusing the config (its ValueError where there is one), or ``None``."""
+    found: list[BaseException] = []
+    current: BaseException | None = error
+    while current is not None and all(current is not seen for seen in found):
+        found.append(current)
+        current = current.__cause__ or current.__context__
+    matching = [e for e in found if _LAYER_TYPES_REFUSED.search(str(e))]
+    values = [e for e in matching if isinstance(e, ValueError)]
+    return (values or matching or [None])[0]
+
+
+def _architecture(target: Any) -> str:
+    architectures = (target.get("architectures") if isinstance(target, dict)
+                     else getattr(target, "architectures", None)) or ()
+    return str(architectures[0]) if architectures else type(target).__name__
+
+
+def upstream_limitation(target: Any, error: BaseException, *,
+                        vllm_version: str | None = None,
+                        transformers_version: str | None = None,
+                        ) -> UpstreamLimitationError | None:
+    """An :class:`UpstreamLimitationError` for ``error``, raised by vLLM's own
+    ``ExtractHiddenStatesConfig.__init__`` for the target config ``target``, where it is
+    transformers' generic layer-type validation refusing the target's layer types (DeepSeek-V4
+    on vLLM 0.26.0 to 0.34.0); ``None`` for any other error. The versions default to the
+    installed vLLM's and transformers'."""
+    refusal = _layer_types_refusal(error)
+    if refusal is None:
+        return None
+    if vllm_version is None:
+        import vllm
+
+        vllm_version = str(vllm.__version__)
+    if transformers_version is None:
+        import transformers
+
+        transformers_version = str(transformers.__version__)
+    found_vllm, found_transformers = vllm_version, transformers_version
+    architecture = _architecture(target)
+    message = str(refusal).strip()
+    return UpstreamLimitationError(
+        f"vLLM {found_vllm}'s extract_hidden_states cannot build its draft config for "
+        f"{architecture} under transformers {found_transformers}: vLLM's "
+        f"ExtractHiddenStatesConfig(<{architecture} config>) fails transformers' "
+        f"validate_layer_type: {message}",
+        f"This is an upstream limitation of vLLM {found_vllm}'s extract_hidden_states with "
+        f"{architecture} under transformers {found_transformers}: vLLM copies the target "
+        "config into a plain PreTrainedConfig, whose generic validate_layer_type accepts only "
+        "transformers' generic layer types, not the model's own (DeepSeek-V4's 'hash_moe' / "
+        "'moe'), so vLLM cannot start this server with or without speccompat",
+        "speccompat has no workaround for it yet: do not serve this model with "
+        "extract_hidden_states on this vLLM / transformers pair; track the upstream issue "
+        "(vLLM's ExtractHiddenStatesConfig and the target's layer types; none known to "
+        "speccompat as of vLLM 0.34.0: report it there with this message) and re-check after "
+        "upgrading vLLM or transformers")
+
+
 def _checked(init: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(init)
     def __init__(self: Any, model: Any = None, *args: Any, **kwargs: Any) -> None:
-        init(self, model, *args, **kwargs)
+        try:
+            init(self, model, *args, **kwargs)
+        except Exception as error:
+            limitation = upstream_limitation(model, error)
+            if limitation is None:
+                raise
+            _LOG.error("speccompat: extract_hidden_states cannot start: "
+                       "UpstreamLimitationError: %s", limitation)
+            raise limitation from error
         normalize(self, model)
 
     return __init__
@@ -131,7 +215,8 @@ ADAPTER = Adapter(
     how="wraps ExtractHiddenStatesConfig.__init__, which every runner's ids come from (V1, "
     "Model Runner V2, the CPU runner), to check the ids with "
     "server.servable.servable_aux_ids (raising LayerIdError) and store them as "
-    "layers.aux_slot_order gives them, with a log line",
+    "layers.aux_slot_order gives them, with a log line; where vLLM's own __init__ fails "
+    "transformers' layer-type validation (DeepSeek-V4), raises UpstreamLimitationError",
     upstream="vLLM 0.17.0: extract_hidden_states takes eagle_aux_hidden_state_layer_ids "
     "unchecked; DeepseekV2Model serves the final id only from 0.25.0; vLLM 0.30.0 stores the "
     "model's aux layers sorted and de-duplicated but sizes the buffers by the list given",
