@@ -132,7 +132,8 @@ def test_the_rules_first_releases_match_the_sources() -> None:
         assert re.search(rf'"{name}": \(\s*"vllm\.models\.kimi_k3",\s*"{name}",', registry), name
 
 
-@vllm_in("<0.27.0", "from 0.27.0 Kimi-Linear lives in vllm/models/kimi_k3 (tests above)")
+@vllm_in(">=0.11.1,<0.27.0", "Kimi-Linear came with vLLM 0.11.1; from 0.27.0 it lives in "
+         "vllm/models/kimi_k3 (tests above)")
 def test_raw_before_0_27_kimi_linear_captures_nothing() -> None:
     text = module_source(OLD_MODEL)
     assert text is not None, f"{OLD_MODEL} is not installed"
