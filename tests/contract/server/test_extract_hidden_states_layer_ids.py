@@ -163,6 +163,7 @@ def test_raw_deepseek_id_0_adds_a_residual_that_does_not_exist_yet() -> None:
 
 
 @applies
+@vllm_in(">=0.25.0", "DeepseekV4Model (in vLLM from 0.20.0) has no aux capture before 0.25.0")
 def test_raw_deepseek_v4_never_captures_before_layer_0() -> None:
     """DeepseekV4Model (DeepSeek-V4, V4.1 and the V4 multimodal wrapper's text model) tests
     ``idx + 1`` after each layer (V4.1: the next layer hands back the previous layer's state
