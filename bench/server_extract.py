@@ -17,7 +17,12 @@ engine arguments:
              build, whose stock connector cannot write a file (it needs CUDA streams)
   no-guard   (diagnostic, ``--configs``) speccompat without its zero-row guard
   cli        speculators' ``generate-offline-data`` end to end against the speccompat server
-             (process start, dataset load, move, ``--validate-outputs``), timed whole
+             (process start, dataset load, move, ``--validate-outputs``), timed whole.
+             ``--cli-prompts 8 768`` runs it at each size: two sizes give its start-up and
+             its steady state apart (tokens/s between the sizes); ``--cli-variants`` with
+             and without ``--validate-outputs``, and with ``--output`` on another filesystem
+             than the connector's ``shared_storage_path`` (``--other-fs``: a copy, not a
+             rename, per file)
 
 Prints one line per configuration: the median seconds of its rounds (``--rounds``, each
 over prompts of its own), prompt tokens/s, the ratio to ``plain``, and every round.
@@ -53,6 +58,12 @@ CONFIG_ENV: dict[str, dict[str, str]] = {
     "cli": {},
 }
 DEFAULT_CONFIGS = ("plain", "stock", "speccompat", "cli")
+# The CLI's variants: (with --validate-outputs, --output on the --other-fs filesystem).
+CLI_VARIANTS: dict[str, tuple[bool, bool]] = {
+    "validate": (True, False),
+    "no-validate": (False, False),
+    "validate-other-fs": (True, True),
+}
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -74,6 +85,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=1,
                         help="timed passes per server, each over prompts of its own (prefix "
                              "caching would serve a repeated prompt); the median is reported")
+    parser.add_argument("--cli-prompts", type=int, nargs="+",
+                        help="cli: one run per size (default: the round's prompts); two sizes "
+                             "report start-up and steady state apart")
+    parser.add_argument("--cli-variants", nargs="+", default=["validate"],
+                        choices=list(CLI_VARIANTS))
+    parser.add_argument("--other-fs", type=Path, default=Path("/dev/shm"),
+                        help="a folder on another filesystem than --workdir")
+    parser.add_argument("--disk-probe", type=int, default=0, metavar="GIB",
+                        help="first write GIB GiB to --workdir and to --other-fs, fsync "
+                             "included, and print the rate")
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("vllm_args", nargs="*", help="more engine arguments, after --")
     return parser.parse_args(argv)
@@ -144,20 +165,57 @@ async def run_extract(url: str, model: str, prompts: list[list[int]],
     return time.perf_counter() - started
 
 
-def run_cli(srv: Any, prompts: list[list[int]], concurrency: int, workdir: Path) -> float:
+def run_cli(srv: Any, prompts: list[list[int]], concurrency: int, workdir: Path, *,
+            validate: bool = True, out: Path | None = None) -> float:
+    """Seconds of one ``speculators generate-offline-data`` process over ``prompts`` (the
+    dataset is written before the clock starts); its files are deleted after."""
+    import shutil
+    import subprocess
+
     import serving
+    data = serving.write_preprocessed(workdir / f"prepared-{len(prompts)}", prompts)
+    out = out or workdir / "out"
+    shutil.rmtree(out, ignore_errors=True)
+    command = [str(serving.speculators_cli()), "generate-offline-data", "--endpoint",
+               f"{srv.url}/v1", "--preprocessed-data", str(data), "--output", str(out),
+               "--concurrency", str(concurrency), *(["--validate-outputs"] if validate else [])]
     started = time.perf_counter()
-    run, _ = serving.generate(srv, prompts, workdir, concurrency=concurrency)
+    run = subprocess.run(command, capture_output=True, text=True, check=False)
     seconds = time.perf_counter() - started
     if run.returncode != 0:
         raise RuntimeError(f"generate-offline-data failed:\n{run.stderr[-3000:]}")
+    written = len(list(out.glob("hs_*.safetensors")))
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.rmtree(data, ignore_errors=True)
+    if written != len(prompts):
+        raise RuntimeError(f"generate-offline-data wrote {written} files for {len(prompts)}")
     return seconds
 
 
+def run_cli_variants(srv: Any, args: Any, vocab: int, folder: Path) -> dict[str, list[float]]:
+    """Each ``--cli-variants`` at each ``--cli-prompts`` size, on prompts of their own (prefix
+    caching would serve a repeated prompt): variant -> seconds per size."""
+    import tiny_models
+
+    results: dict[str, list[float]] = {}
+    for index, variant in enumerate(args.cli_variants):
+        validate, other = CLI_VARIANTS[variant]
+        out = (args.other_fs if other else folder) / f"cli-out-{os.getpid()}"
+        results[variant] = []
+        for size in args.cli_prompts:
+            prompts = tiny_models.make_prompts(vocab, [args.prompt_len] * size,
+                                               seed=1000 + 100 * index + size)
+            results[variant].append(run_cli(srv, prompts, args.concurrency, folder,
+                                            validate=validate, out=out))
+            print(f"    cli {variant} {size} prompts: {results[variant][-1]:.2f} s", flush=True)
+    return results
+
+
 def measure(name: str, model: Path, workdir: Path, args: Any, rounds: list[list[list[int]]],
-            warm: list[list[int]], layer_ids: list[int]) -> list[float]:
+            warm: list[list[int]], layer_ids: list[int]) -> list[float] | dict[str, list[float]]:
     """One configuration on a fresh server (the tests' ``serving.serve``): seconds per round
-    (``cli``: one run of speculators' CLI over the first round's prompts)."""
+    (``cli``: one run of speculators' CLI over the first round's prompts; with
+    ``--cli-prompts``, per variant the seconds of each size)."""
     import serving
     folder = workdir / name
     folder.mkdir(parents=True, exist_ok=True)
@@ -169,10 +227,45 @@ def measure(name: str, model: Path, workdir: Path, args: Any, rounds: list[list[
             return [asyncio.run(run_plain(srv.url, str(model), prompts, args.concurrency))
                     for prompts in rounds]
         asyncio.run(run_extract(srv.url, str(model), warm, args.concurrency))
+        if name == "cli" and args.cli_prompts:
+            vocab = int(json.loads((model / "config.json").read_text())["vocab_size"])
+            return run_cli_variants(srv, args, vocab, folder)
         if name == "cli":
             return [run_cli(srv, rounds[0], args.concurrency, folder / "cli")]
         return [asyncio.run(run_extract(srv.url, str(model), prompts, args.concurrency))
                 for prompts in rounds]
+
+
+def write_rate(folder: Path, gib: int) -> float:
+    """GB/s of writing ``gib`` GiB in 64 MiB blocks to a file in ``folder``, fsync included
+    (the bandwidth the writer's and the CLI's files share)."""
+    block = os.urandom(64 << 20)
+    path = folder / f"write-probe-{os.getpid()}"
+    started = time.perf_counter()
+    with path.open("wb") as out:
+        for _ in range(gib * 16):
+            out.write(block)
+        out.flush()
+        os.fsync(out.fileno())
+    seconds = time.perf_counter() - started
+    path.unlink()
+    return gib * (1 << 30) / seconds / 1e9
+
+
+def print_cli_variants(value: dict[str, list[float]], args: Any,
+                       plain_rate: float | None) -> None:
+    """The CLI per variant: seconds at each size; with two sizes, its steady state (tokens/s
+    between them, and vs plain) and its start-up (the small run less its tokens at that rate)."""
+    sizes = args.cli_prompts
+    for variant, seconds in value.items():
+        each = " ".join(f"{n}: {t:.2f} s" for n, t in zip(sizes, seconds, strict=True))
+        line = f"cli {variant:<18} {each}"
+        if len(sizes) >= 2 and seconds[-1] > seconds[0]:
+            rate = (sizes[-1] - sizes[0]) * args.prompt_len / (seconds[-1] - seconds[0])
+            startup = seconds[0] - sizes[0] * args.prompt_len / rate
+            vs = f", {rate / plain_rate:.3f} of plain" if plain_rate else ""
+            line += f"; steady state {rate:.0f} tok/s{vs}; start-up {startup:.1f} s"
+        print(line)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -211,7 +304,12 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"({tokens} tokens), concurrency {args.concurrency}, ids {layer_ids}, "
           f"{'compiled' if args.no_eager else 'eager'}, more engine args {args.vllm_args}",
           flush=True)
-    results: dict[str, list[float] | str] = {}
+    results: dict[str, list[float] | dict[str, list[float]] | str] = {}
+    if args.disk_probe:
+        for folder in (workdir, args.other_fs):
+            rate = write_rate(folder, args.disk_probe)
+            print(f"  writing {args.disk_probe} GiB to {folder} (then fsync): {rate:.2f} GB/s",
+                  flush=True)
     for name in args.configs:
         if name == "stock" and cpu:
             results[name] = "n/a: the stock connector cannot write on vLLM's CPU build"
@@ -224,6 +322,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, value in results.items():
         if isinstance(value, str):
             print(f"{name:<12} {value}")
+            continue
+        if isinstance(value, dict):
+            print_cli_variants(value, args, plain_median and tokens / plain_median)
             continue
         median = statistics.median(value)
         ratio = f"{plain_median / median:.3f}" if plain_median else "-"

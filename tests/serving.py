@@ -314,13 +314,15 @@ def num_layers(model: Path) -> int:
     return int(json.loads((model / "config.json").read_text())["num_hidden_layers"])
 
 
-def generate(srv: Server, prompts: list[list[int]], work: Path,
-             concurrency: int = 2) -> tuple[subprocess.CompletedProcess[str], Path]:
+def generate(srv: Server, prompts: list[list[int]], work: Path, concurrency: int = 2, *,
+             validate: bool = True,
+             out: Path | None = None) -> tuple[subprocess.CompletedProcess[str], Path]:
     """speculators' own client against ``srv``: (its run, the folder of its
-    ``hs_<i>.safetensors``). From 0.8.0 the ``generate-offline-data`` CLI; before, the
+    ``hs_<i>.safetensors``). From 0.8.0 the ``generate-offline-data`` CLI (``validate``:
+    with ``--validate-outputs``; ``out``: its ``--output``, default ``work/out``); before, the
     release's library client driven as its repo-only script does
     (tests/speculators_client.py), which leaves the files in ``OUT/hidden_states``."""
-    out = work / "out"
+    out = out or work / "out"
     if not has_offline_cli():
         listing = work / "prompts.json"
         listing.parent.mkdir(parents=True, exist_ok=True)
@@ -334,7 +336,7 @@ def generate(srv: Server, prompts: list[list[int]], work: Path,
     run = subprocess.run(
         [str(speculators_cli()), "generate-offline-data", "--endpoint",
          f"{srv.url}/v1", "--preprocessed-data", str(data), "--output", str(out),
-         "--concurrency", str(concurrency), "--validate-outputs"],
+         "--concurrency", str(concurrency), *(["--validate-outputs"] if validate else [])],
         capture_output=True, text=True, timeout=900, check=False)
     return run, out
 

@@ -33,6 +33,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -201,7 +202,7 @@ def _num_layers(model: Path) -> int:
     return int(config.get("text_config", config)["num_hidden_layers"])
 
 
-def _served_ids(case: Case, n: int) -> list[int]:
+def _served_ids(case: Case, n: int, model: Path) -> list[int]:
     """Every id speccompat accepts for the model inside a server here, as its start-up check
     decides (vLLM's ``get_eagle3_aux_layers_from_config`` takes any list unchecked)."""
     import vllm
@@ -210,8 +211,13 @@ def _served_ids(case: Case, n: int) -> list[int]:
 
     first = adapter_applies("vllm.deepseek_first_layer_residual")[0]
     final = adapter_applies("vllm.deepseek_final_layer_capture")[0]
+    # The fields the rule reads (Kimi's attn_res_block_size under text_config), from the
+    # file: transformers has no class for these model types.
+    raw = json.loads((model / "config.json").read_text())
+    text = SimpleNamespace(**raw.get("text_config", raw))
+    config = SimpleNamespace(**{**raw, "text_config": text})
     ids = servable_aux_ids(case.architecture, n, vllm.__version__, first_id_repaired=first,
-                           final_id_repaired=final)
+                           final_id_repaired=final, config=config)
     return list(range(ids.low, ids.high + 1))
 
 
@@ -355,14 +361,14 @@ def _semantics(label: str, states: list[Any], reference: list[dict[str, Any]],
 
 
 @pytest.mark.parametrize("eager", [True, False], ids=["eager", "compiled"])
-@pytest.mark.parametrize("name", ["kimi_k3", "deepseek_v4"])
+@pytest.mark.parametrize("name", ["kimi_k3", "kimi_k3_no_attn_res", "deepseek_v4"])
 def test_serve_every_id(name: str, eager: bool, models_dir: Path, tmp_path: Path) -> None:
     """Ids 0..N as speccompat accepts them, the stock connector, two prompts: every file whole,
     no zero row, no slot a copy of another, each slot the model's own capture (the reference's
     ``default``), id 0 the embeddings bit for bit."""
     case, model = CASES[name], _model(name, models_dir)
     n = _num_layers(model)
-    ids = _served_ids(case, n)
+    ids = _served_ids(case, n, model)
     mode = "eager" if eager else "compiled"
     states, log = _serve(name, model, tmp_path, ids, eager=eager, env={})
     reference = _oracle(name, models_dir)["results"]
@@ -375,6 +381,29 @@ def test_serve_every_id(name: str, eager: bool, models_dir: Path, tmp_path: Path
     assert not problems, "\n".join(problems)
 
 
+def test_kimi_linear_style_id_0_stops_the_server(models_dir: Path, tmp_path: Path) -> None:
+    """Kimi-K3 with attention residuals off (Kimi-Linear's path through ``KimiLinearModel``):
+    asked for id 0 the server stops at start-up with speccompat's ``LayerIdError``, which
+    names the cause and the ids that are served (1..N, test_serve_every_id)."""
+    name = "kimi_k3_no_attn_res"
+    model = _model(name, models_dir)
+    n = _num_layers(model)
+    try:
+        with pytest.raises(RuntimeError, match="exited"), \
+                serving.serve(model, tmp_path, [0, 1, n], *GPU_ARGS, *CASES[name].serve_args,
+                              env={"VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"),
+                                   **CASES[name].env}):
+            pass
+    finally:
+        _keep(tmp_path / "server.log", f"{name}-id0-refused")
+    log = (tmp_path / "server.log").read_text(errors="replace")
+    refused = "speccompat refuses the extract_hidden_states layer ids: LayerIdError" in log
+    _record([f"{name} ids [0, 1, {n}]: server stopped with LayerIdError: {refused}; "
+             f"names the in-place update: {'in-place update' in log}"])
+    assert refused, log[-3000:]
+    assert "in-place update instead of the embeddings" in log, log[-3000:]
+
+
 def test_kimi_k3_stream_mode_serves_layer_inputs(models_dir: Path, tmp_path: Path) -> None:
     """With ``VLLM_KIMI_K3_AUX_ATTN_RES_STREAM=1`` Kimi-K3's capture is the AttnRes mix each
     layer reads, before its norm: id k the input of layer k, id N the final pre-norm state
@@ -383,7 +412,7 @@ def test_kimi_k3_stream_mode_serves_layer_inputs(models_dir: Path, tmp_path: Pat
     name = "kimi_k3"
     model = _model(name, models_dir)
     n = _num_layers(model)
-    ids = _served_ids(CASES[name], n)
+    ids = _served_ids(CASES[name], n, model)
     states, log = _serve(name, model, tmp_path, ids, eager=True, env={STREAM_ENV: "1"},
                          tag="-stream")
     reference = _oracle(name, models_dir)["results"]
