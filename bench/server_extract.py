@@ -176,7 +176,7 @@ def run_cli(srv: Any, prompts: list[list[int]], concurrency: int, workdir: Path,
     data = serving.write_preprocessed(workdir / f"prepared-{len(prompts)}", prompts)
     out = out or workdir / "out"
     shutil.rmtree(out, ignore_errors=True)
-    command = [str(serving.speculators_cli()), "generate-offline-data", "--endpoint",
+    command = [*serving.speculators_cli(), "generate-offline-data", "--endpoint",
                f"{srv.url}/v1", "--preprocessed-data", str(data), "--output", str(out),
                "--concurrency", str(concurrency), *(["--validate-outputs"] if validate else [])]
     started = time.perf_counter()

@@ -215,12 +215,13 @@ def tmpfs(folder: Path, size: str) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(folder)], check=False)
 
 
-def speculators_cli() -> Path:
-    """speculators' own console script beside this Python, else the one on PATH (an install
-    with ``pip --target``, as on the GPU host, puts it in the target's ``bin``)."""
+def speculators_cli() -> list[str]:
+    """The command that runs speculators' own CLI: its console script beside this Python,
+    else the one on PATH, else ``python -m speculators`` (an install with ``pip --target``, as
+    on the GPU host, has no script: measured there on 2026-12-04)."""
     beside = Path(sys.executable).parent / "speculators"
-    found = None if beside.exists() else shutil.which("speculators")
-    return Path(found) if found else beside
+    found = str(beside) if beside.exists() else shutil.which("speculators")
+    return [found] if found else [sys.executable, "-m", "speculators"]
 
 
 def module_installed(dotted: str) -> bool:
@@ -334,7 +335,7 @@ def generate(srv: Server, prompts: list[list[int]], work: Path, concurrency: int
         return run, out / "hidden_states"
     data = write_preprocessed(work / "prepared", prompts)
     run = subprocess.run(
-        [str(speculators_cli()), "generate-offline-data", "--endpoint",
+        [*speculators_cli(), "generate-offline-data", "--endpoint",
          f"{srv.url}/v1", "--preprocessed-data", str(data), "--output", str(out),
          "--concurrency", str(concurrency), *(["--validate-outputs"] if validate else [])],
         capture_output=True, text=True, timeout=900, check=False)

@@ -226,9 +226,11 @@ def _sentence(text: str) -> str:
 
 
 def adapters_markdown(adapters: Sequence[Adapter]) -> str:
-    """The catalogue, one section per adapter as vllm-ascend's patch catalogue reads: what,
-    why, how, the upstream change and reference, what selects it, when it can go, then its
-    module's docstring (once per module): docs/adapters.md."""
+    """The catalogue, one section per adapter as vllm-ascend's patch catalogue reads: what it
+    normalizes, then its module's docstring as the body (why and how, in full), the upstream
+    change and reference, what selects it and when it can go: docs/adapters.md. The record's
+    one-line why and how (what ``report()`` prints) stand in for the body only where the
+    module's docstring was already given under another adapter, so nothing is said twice."""
     import importlib
 
     lines = ["# Adapters", "",
@@ -242,19 +244,20 @@ def adapters_markdown(adapters: Sequence[Adapter]) -> str:
         for a in (a for a in adapters if registry.wing_of(a) is path):
             spec = ("" if a.cause == "speculators" or a.speculators is None
                     else f", speculators `{a.speculators}`")
-            lines += [f"### `{a.id}`", "", _sentence(a.summary), "",
-                      f"- **Why:** {_sentence(a.why)}", f"- **How:** {_sentence(a.how)}",
-                      f"- **Upstream:** {a.upstream}; {_sentence(a.upstream_ref)}",
+            lines += [f"### `{a.id}`", "", f"**What:** {_sentence(a.summary)}", ""]
+            module = a.probe.__module__
+            doc = (importlib.import_module(module).__doc__ or "").strip()
+            if doc and module not in described:
+                described[module] = a.id
+                lines += [doc, ""]
+            else:
+                lines += [f"- **Why:** {_sentence(a.why)}", f"- **How:** {_sentence(a.how)}"]
+                if module in described:
+                    lines.append(f"- **Details:** under `{described[module]}`.")
+            lines += [f"- **Upstream:** {a.upstream}; {_sentence(a.upstream_ref)}",
                       f"- **Selected by:** {a.cause} `{a.cause_specifier}`{spec}; "
                       f"{a.side.value} side.",
                       f"- **Remove when:** {_sentence(a.remove_when)}", ""]
-            module = a.probe.__module__
-            if module in described:
-                lines += [f"The details are under `{described[module]}`.", ""]
-                continue
-            described[module] = a.id
-            doc = importlib.import_module(module).__doc__ or ""
-            lines += [doc.strip(), ""]
     return "\n".join(lines).rstrip("\n") + "\n"
 
 

@@ -189,8 +189,11 @@ def test_matrix_json(tmp_path: Path) -> None:
 
 
 def test_adapters_markdown(capsys: pytest.CaptureFixture[str]) -> None:
-    """One section per adapter, grouped by path, every record field, then its module's
-    docstring once per module."""
+    """One section per adapter, grouped by path: what, its module's docstring as the body
+    (once per module; the record's one-line why and how only where the body was given under
+    another adapter, nothing said twice), the upstream change, what selects it, remove when."""
+    import importlib
+
     assert cli.main(["adapters", "--markdown"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("# Adapters\n")
@@ -199,18 +202,27 @@ def test_adapters_markdown(capsys: pytest.CaptureFixture[str]) -> None:
     assert len(sections) == len(catalogue_ids())
     by_id = {section.split("`")[1]: section for section in sections}
     assert set(by_id) == set(catalogue_ids())
+    bodies: dict[str, str] = {}
     for adapter in speccompat.catalogue():
         section = by_id[adapter.id]
+        assert f"**What:** {adapter.summary}" in section
         assert f"- **Selected by:** {adapter.cause} `{adapter.cause_specifier}`" in section
         assert f"{adapter.side.value} side." in section
-        for text in (adapter.summary, adapter.why, adapter.how, adapter.upstream,
-                     adapter.upstream_ref, adapter.remove_when):
+        for text in (adapter.upstream, adapter.upstream_ref, adapter.remove_when):
             assert text in section, (adapter.id, text)
-    import speccompat.server.adapters.eagle_mixin_capture_alias as module
-
-    assert (module.__doc__ or "").strip() in by_id[module.ID]
+        module = adapter.probe.__module__
+        doc = (importlib.import_module(module).__doc__ or "").strip()
+        assert doc, f"{module} has no docstring: the catalogue's body"
+        if module not in bodies:
+            bodies[module] = adapter.id
+            assert doc in section and "- **Why:**" not in section, adapter.id
+        else:
+            assert doc not in section, adapter.id
+            assert f"- **Details:** under `{bodies[module]}`." in section
+            for text in (adapter.why, adapter.how):
+                assert text in section, (adapter.id, text)
     shared = by_id["vllm.collective_rpc_unique_reply_rank.speculators_0_4"]
-    assert "The details are under `vllm.collective_rpc_unique_reply_rank`." in shared
+    assert "- **Details:** under `vllm.collective_rpc_unique_reply_rank`." in shared
 
 
 def test_adapters_plain(capsys: pytest.CaptureFixture[str]) -> None:
