@@ -18,6 +18,11 @@ from functools import cache
 GENERATOR = "speculators.data_generation.vllm_hidden_states_generator"
 WORKER_EXTENSION = "speculators.data_generation.custom_worker"
 
+# vLLM >= 0.17: the server path's hidden-states connector, and how its releases write a file.
+HIDDEN_STATES_CONNECTOR = (
+    "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector")
+CONNECTOR_FORWARD_WRITE = "safetensors.torch.save_file(tensors, request.filename)"  # 0.17-0.21
+
 
 @cache
 def module_source(module: str) -> str | None:

@@ -146,3 +146,27 @@ def test_docs_adapters_md_is_generated_from_the_records() -> None:
     assert written == cli.adapters_markdown(speccompat.catalogue()), (
         "docs/adapters.md is stale: run python -m speccompat adapters --markdown > "
         "docs/adapters.md")
+
+
+def test_no_adapter_imports_another_adapter_or_the_registry() -> None:
+    """DESIGN's rule: what adapters share lives in their wing's helpers or in ``targets``; an
+    adapter that needs to know what else is applied asks ``patching.applied()``."""
+    offenders = []
+    for wing, package in WINGS.items():
+        for info in pkgutil.iter_modules(package.__path__):
+            source = (Path(package.__path__[0]) / f"{info.name}.py").read_text()
+            for line in source.splitlines():
+                if re.match(r"\s*from \.(\w+)? import|\s*from \.\.\.registry import|"
+                            r"\s*from speccompat(\.\w+)*\.adapters", line):
+                    offenders.append(f"{wing}/{info.name}: {line.strip()}")
+    assert not offenders, offenders
+
+
+def test_the_edge_id_names_the_layer_id_check_asks_for_are_adapters() -> None:
+    from speccompat.server import aux_edges
+    from speccompat.server.adapters import llama_family_edge_ids
+
+    ids = {adapter.id for adapter in speccompat.catalogue()}
+    assert {aux_edges.LLAMA_FAMILY_EDGE_IDS, aux_edges.DEEPSEEK_FIRST_LAYER_RESIDUAL,
+            aux_edges.DEEPSEEK_FINAL_LAYER_CAPTURE} <= ids
+    assert llama_family_edge_ids.ARCHITECTURES is aux_edges.LLAMA_FAMILY

@@ -29,6 +29,15 @@ if TYPE_CHECKING:
     from ..patching import Patcher
 
 AUX_LAYERS = "aux_hidden_state_layers"
+# The adapters that serve the edge ids (their records' ids, checked against the catalogue by
+# the unit tests): the layer-id check asks ``patching.applied()`` whether they run here.
+LLAMA_FAMILY_EDGE_IDS = "vllm.llama_family_edge_ids"
+DEEPSEEK_FIRST_LAYER_RESIDUAL = "vllm.deepseek_first_layer_residual"
+DEEPSEEK_FINAL_LAYER_CAPTURE = "vllm.deepseek_final_layer_capture"
+# The architectures whose stacks ``vllm.llama_family_edge_ids`` patches (LlamaModel,
+# Qwen2Model): the layer-id check serves 0..N there where it is applied.
+LLAMA_FAMILY = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+                          "Qwen3ForCausalLM"})
 # Set on the decoder stack where id 0 was asked for.
 SERVES_ID_0 = "speccompat_serves_id_0"
 # The stack's own forward, kept on its class once wrapped. The wrapper finds it there, not

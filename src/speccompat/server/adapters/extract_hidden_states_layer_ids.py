@@ -53,8 +53,13 @@ from ...patching import Patcher, applied
 from ...record import Adapter, Side
 from ...targets import require_in_source
 from ...versions import spec
+from ..aux_edges import (
+    DEEPSEEK_FINAL_LAYER_CAPTURE,
+    DEEPSEEK_FIRST_LAYER_RESIDUAL,
+    LLAMA_FAMILY,
+    LLAMA_FAMILY_EDGE_IDS,
+)
 from ..servable import servable_aux_ids
-from . import deepseek_final_layer_capture, deepseek_first_layer_residual, llama_family_edge_ids
 
 ID = "vllm.extract_hidden_states_layer_ids"
 CONFIG = "vllm.transformers_utils.configs.extract_hidden_states"
@@ -75,18 +80,17 @@ def checked_slots(target: Any, ids: Any) -> list[int] | None:
     its architecture and layer count (then the ids are only put in slot order)."""
     text = target.get_text_config() if hasattr(target, "get_text_config") else target
     layers = getattr(text, "num_hidden_layers", None)
-    architectures = getattr(target, "architectures", None) or ()
-    if not isinstance(layers, int) or not architectures:
+    architecture = _architecture(target)
+    if not isinstance(layers, int) or architecture is None:
         return None
     import vllm
 
-    architecture = str(architectures[0])
     active = set(applied())
-    if architecture in llama_family_edge_ids.ARCHITECTURES:
-        first = final = llama_family_edge_ids.ID in active
+    if architecture in LLAMA_FAMILY:
+        first = final = LLAMA_FAMILY_EDGE_IDS in active
     else:
-        first = deepseek_first_layer_residual.ID in active
-        final = deepseek_final_layer_capture.ID in active
+        first = DEEPSEEK_FIRST_LAYER_RESIDUAL in active
+        final = DEEPSEEK_FINAL_LAYER_CAPTURE in active
     servable = servable_aux_ids(architecture, layers, vllm.__version__,
                                 first_id_repaired=first, final_id_repaired=final,
                                 config=target)
@@ -129,10 +133,11 @@ def _layer_types_refusal(error: BaseException) -> BaseException | None:
     return (values or matching or [None])[0]
 
 
-def _architecture(target: Any) -> str:
+def _architecture(target: Any) -> str | None:
+    """The target config's first architecture (a config object or its dict), if it names one."""
     architectures = (target.get("architectures") if isinstance(target, dict)
                      else getattr(target, "architectures", None)) or ()
-    return str(architectures[0]) if architectures else type(target).__name__
+    return str(architectures[0]) if architectures else None
 
 
 def upstream_limitation(target: Any, error: BaseException, *,
@@ -156,7 +161,7 @@ def upstream_limitation(target: Any, error: BaseException, *,
 
         transformers_version = str(transformers.__version__)
     found_vllm, found_transformers = vllm_version, transformers_version
-    architecture = _architecture(target)
+    architecture = _architecture(target) or type(target).__name__
     message = str(refusal).strip()
     return UpstreamLimitationError(
         f"vLLM {found_vllm}'s extract_hidden_states cannot build its draft config for "

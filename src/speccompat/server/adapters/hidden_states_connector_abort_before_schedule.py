@@ -21,11 +21,11 @@ from typing import Any
 
 from ...patching import Patcher
 from ...record import Adapter, Side
-from ...targets import require_in_source
+from ...targets import HIDDEN_STATES_CONNECTOR, require_in_source
 from ...versions import spec
 
 ID = "vllm.hidden_states_connector_abort_before_schedule"
-CONNECTOR = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
+CONNECTOR = HIDDEN_STATES_CONNECTOR
 CLASS = "ExampleHiddenStatesConnector"
 # The pop without a default, and where the name is recorded.
 POP = "filename = self._request_filenames.pop(req_id)"

@@ -25,11 +25,11 @@ from typing import Any
 
 from ...patching import Patcher
 from ...record import Adapter, Side
-from ...targets import require_in_source
+from ...targets import HIDDEN_STATES_CONNECTOR, require_in_source
 from ...versions import spec
 
 ID = "vllm.hidden_states_connector_chunked_prefill"
-CONNECTOR = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
+CONNECTOR = HIDDEN_STATES_CONNECTOR
 CONFIG = "vllm.config.vllm"
 NAME = "ExampleHiddenStatesConnector"
 REFUSAL = "ExampleHiddenStatesConnector does not support chunked prefill"

@@ -19,12 +19,12 @@ from typing import Any
 
 from ...patching import Patcher
 from ...record import Adapter, Side
-from ...targets import module_source
+from ...targets import HIDDEN_STATES_CONNECTOR, module_source
 from ...versions import spec
 from ...wrappers import Proxy
 
 ID = "vllm.hidden_states_connector_cpu_writer"
-CONNECTOR = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
+CONNECTOR = HIDDEN_STATES_CONNECTOR
 # What the asynchronous writer uses that a machine without CUDA cannot give it.
 CUDA_USES = ("torch.cuda.Stream()", "torch.cuda.Event()", "pin_memory=True")
 

@@ -26,12 +26,13 @@ from typing import Any
 
 from ...patching import Patcher
 from ...record import Adapter, Side
-from ...targets import source_def
+from ...targets import CONNECTOR_FORWARD_WRITE, HIDDEN_STATES_CONNECTOR, source_def
 from ...versions import spec
 from ...wrappers import Proxy
-from .hidden_states_connector_zero_rows import CONNECTOR, FORWARD_WRITE
 
 ID = "vllm.hidden_states_connector_forward_write_failure"
+CONNECTOR = HIDDEN_STATES_CONNECTOR
+FORWARD_WRITE = CONNECTOR_FORWARD_WRITE
 NAME = "ExampleHiddenStatesConnector"
 # The words 0.22's writer logs for the same failure, so one search finds both.
 FAILED = "Hidden-states write failed"

@@ -29,11 +29,11 @@ from typing import Any
 
 from ...patching import Patcher
 from ...record import Adapter, Side
-from ...targets import require_in_source
+from ...targets import HIDDEN_STATES_CONNECTOR, require_in_source
 from ...versions import spec
 
 ID = "vllm.hidden_states_connector_group_block_size"
-CONNECTOR = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
+CONNECTOR = HIDDEN_STATES_CONNECTOR
 CLASS = "ExampleHiddenStatesConnector"
 # The buggy assignment, the slot rebuild that reads it, and the decode that does not.
 GLOBAL_BLOCK_SIZE = "self._block_size = vllm_config.cache_config.block_size"

@@ -24,11 +24,11 @@ from typing import Any
 
 from ...patching import Patcher
 from ...record import Adapter, Side
-from ...targets import require_in_source
+from ...targets import HIDDEN_STATES_CONNECTOR, require_in_source
 from ...versions import spec
 
 ID = "vllm.hidden_states_connector_reply_before_write"
-CONNECTOR = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
+CONNECTOR = HIDDEN_STATES_CONNECTOR
 ASYNC_LLM = "vllm.v1.engine.async_llm"
 # The reply carries the path from request_finished; the worker pre-creates the lock and a
 # thread pool writes the file later.

@@ -31,14 +31,14 @@ from typing import Any
 
 from ...patching import Patcher
 from ...record import Adapter, Side
-from ...targets import source_def
+from ...targets import CONNECTOR_FORWARD_WRITE, HIDDEN_STATES_CONNECTOR, source_def
 from ...versions import spec
-from .hidden_states_connector_zero_rows import CONNECTOR, FORWARD_WRITE
 
 ID = "vllm.hidden_states_connector_write_per_step"
+CONNECTOR = HIDDEN_STATES_CONNECTOR
+FORWARD_WRITE = CONNECTOR_FORWARD_WRITE
 NAME = "ExampleHiddenStatesConnector"
-# Upstream's per-step write, in the forward from the metadata's slot mapping, is
-# hidden_states_connector_zero_rows.FORWARD_WRITE.
+# Upstream's per-step write, in the forward from the metadata's slot mapping.
 WRITE_IN_FORWARD = FORWARD_WRITE
 # And the requests it asks for: new ones, and cached ones that got new blocks.
 CACHED_WITH_NEW_BLOCKS = "new_block_ids = cached_reqs.new_block_ids[i]"

@@ -35,15 +35,15 @@ from typing import Any
 from ...errors import SpeccompatError
 from ...patching import Patcher
 from ...record import Adapter, Side
-from ...targets import module_source
+from ...targets import CONNECTOR_FORWARD_WRITE, HIDDEN_STATES_CONNECTOR, module_source
 from ...versions import spec
 from ...wrappers import Proxy
 
 ID = "vllm.hidden_states_connector_zero_rows"
-CONNECTOR = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
+CONNECTOR = HIDDEN_STATES_CONNECTOR
 # How each release's connector writes a file.
 THREAD_WRITE = "save_file(tensors, filename)"  # 0.22.0+: _write_tensors, module-level name
-FORWARD_WRITE = "safetensors.torch.save_file(tensors, request.filename)"  # 0.17.0-0.21.0
+FORWARD_WRITE = CONNECTOR_FORWARD_WRITE  # 0.17.0-0.21.0
 ISSUE = "speccompat issue #20; vLLM PR #46301 (https://github.com/vllm-project/vllm/pull/46301)"
 # Values per row looked at before a whole row is scanned.
 _PREFIX = 16

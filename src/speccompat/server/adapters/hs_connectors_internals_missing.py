@@ -27,12 +27,12 @@ from typing import Any
 from ...errors import UnsupportedConnectorError
 from ...patching import Patcher
 from ...record import Adapter, Side
-from ...targets import module_source, require_in_source
+from ...targets import HIDDEN_STATES_CONNECTOR, module_source, require_in_source
 from ...versions import detect, spec
 
 ID = "vllm.hs_connectors_internals_missing"
 FACTORY = "vllm.distributed.kv_transfer.kv_connector.factory"
-CONNECTOR = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
+CONNECTOR = HIDDEN_STATES_CONNECTOR
 INTERFACE = "vllm.v1.kv_cache_interface"
 PACKAGE = "hs_connectors"
 FIXED_IN = "0.22.0"

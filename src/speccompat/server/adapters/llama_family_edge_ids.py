@@ -24,7 +24,7 @@ from ...patching import Patcher
 from ...record import Adapter, Side
 from ...targets import module_source, source_def
 from ...versions import spec
-from ..aux_edges import AUX_LAYERS, serve_first_id, setter_serving
+from ..aux_edges import AUX_LAYERS, LLAMA_FAMILY, serve_first_id, setter_serving
 
 ID = "vllm.llama_family_edge_ids"
 SETTER = "set_aux_hidden_state_layers"
@@ -36,8 +36,7 @@ TARGETS: tuple[tuple[str, str, str | None], ...] = (
     ("vllm.model_executor.models.qwen3", "Qwen3ForCausalLM", None),
 )
 # The architectures whose stacks are the two above: the layer-id check serves 0..N there.
-ARCHITECTURES = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                           "Qwen3ForCausalLM"})
+ARCHITECTURES = LLAMA_FAMILY
 BEFORE_EACH_LAYER = f"if idx in self.{AUX_LAYERS}:"
 CAPTURE = "aux_hidden_states.append(hidden_states + residual)"
 # What 0.18's stacks have instead (vLLM PR #36063).
