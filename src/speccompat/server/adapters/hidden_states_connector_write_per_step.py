@@ -36,10 +36,9 @@ from ...versions import spec
 
 ID = "vllm.hidden_states_connector_write_per_step"
 CONNECTOR = HIDDEN_STATES_CONNECTOR
-FORWARD_WRITE = CONNECTOR_FORWARD_WRITE
 NAME = "ExampleHiddenStatesConnector"
 # Upstream's per-step write, in the forward from the metadata's slot mapping.
-WRITE_IN_FORWARD = FORWARD_WRITE
+WRITE_IN_FORWARD = CONNECTOR_FORWARD_WRITE
 # And the requests it asks for: new ones, and cached ones that got new blocks.
 CACHED_WITH_NEW_BLOCKS = "new_block_ids = cached_reqs.new_block_ids[i]"
 
