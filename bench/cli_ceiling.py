@@ -25,7 +25,6 @@ import json
 import multiprocessing
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,15 +35,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))  # serving: write_preprocessed, speculators_cli
+sys.path.insert(0, str(ROOT / "bench"))
+from server_extract import CLI_VARIANTS, run_cli, steady_state  # noqa: E402
 
 MODEL = "stand-in"
-# (with --validate-outputs, --output on the --other-fs filesystem), as server_extract.py.
-VARIANTS: dict[str, tuple[bool, bool]] = {
-    "validate": (True, False),
-    "no-validate": (False, False),
-    "validate-other-fs": (True, True),
-}
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -54,7 +48,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--layers", type=int, default=4, help="slots per file")
     parser.add_argument("--sizes", type=int, nargs="+", default=[16, 256])
     parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--variants", nargs="+", default=list(CLI_VARIANTS),
+                        choices=list(CLI_VARIANTS))
     parser.add_argument("--workdir", type=Path, help="default: a new folder under /tmp")
     parser.add_argument("--other-fs", type=Path, default=Path("/dev/shm"))
     return parser.parse_args(argv)
@@ -130,26 +125,8 @@ def request_transform_ms(prompt_len: int, calls: int = 50) -> float:
     return asyncio.run(timed())
 
 
-def run_cli(url: str, data: Path, out: Path, concurrency: int, validate: bool) -> float:
-    import serving
-
-    shutil.rmtree(out, ignore_errors=True)
-    command = [*serving.speculators_cli(), "generate-offline-data", "--endpoint", url,
-               "--preprocessed-data", str(data), "--output", str(out),
-               "--concurrency", str(concurrency), *(["--validate-outputs"] if validate else [])]
-    started = time.perf_counter()
-    run = subprocess.run(command, capture_output=True, text=True, check=False)
-    seconds = time.perf_counter() - started
-    written = len(list(out.glob("hs_*.safetensors")))
-    shutil.rmtree(out, ignore_errors=True)
-    if run.returncode != 0:
-        raise RuntimeError(f"generate-offline-data failed:\n{run.stderr[-3000:]}")
-    return seconds if written else float("nan")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    import serving
     import tiny_models
 
     work = args.workdir or Path(tempfile.mkdtemp(prefix="cli-ceiling-"))
@@ -159,13 +136,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     template = work / "template.safetensors"
     make_template(template, tokens, args.layers, args.hidden)
     size_mb = template.stat().st_size / 1e6
-    datasets = {n: serving.write_preprocessed(work / f"prepared-{n}", [tokens] * n)
-                for n in args.sizes}
     queue: Any = multiprocessing.get_context("spawn").Queue()
     endpoint = multiprocessing.get_context("spawn").Process(
         target=serve, args=(queue, str(template), str(storage), tokens), daemon=True)
     endpoint.start()
-    url = f"http://127.0.0.1:{queue.get(timeout=60)}/v1"
+    url = f"http://127.0.0.1:{queue.get(timeout=60)}"
     print(f"cli_ceiling: {args.prompt_len} tokens x {args.layers} slots x {args.hidden} bf16 "
           f"= {size_mb:.1f} MB per file, concurrency {args.concurrency}, workdir {work}, "
           f"other filesystem {args.other_fs}; {os.cpu_count()} CPUs", flush=True)
@@ -177,15 +152,14 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{args.prompt_len / transform * 1e3:.0f} prompt tok/s for that alone", flush=True)
     try:
         for variant in args.variants:
-            validate, other = VARIANTS[variant]
+            validate, other = CLI_VARIANTS[variant]
             out = (args.other_fs if other else work) / f"cli-ceiling-out-{os.getpid()}"
-            seconds = [run_cli(url, datasets[n], out, args.concurrency, validate)
-                       for n in args.sizes]
+            seconds = [run_cli(url, [tokens] * n, args.concurrency, work, validate=validate,
+                               out=out) for n in args.sizes]
             line = f"{variant:<18} " + " ".join(
                 f"{n}: {s:.2f} s" for n, s in zip(args.sizes, seconds, strict=True))
-            if len(args.sizes) >= 2 and seconds[-1] > seconds[0]:
-                rate = (args.sizes[-1] - args.sizes[0]) / (seconds[-1] - seconds[0])
-                startup = seconds[0] - args.sizes[0] / rate
+            if steady := steady_state(args.sizes, seconds):
+                rate, startup = steady
                 line += (f"; steady state {rate:.1f} files/s = {rate * args.prompt_len:.0f} "
                          f"tok/s ({rate * size_mb / 1e3:.2f} GB/s); start-up {startup:.1f} s")
             print(line, flush=True)

@@ -165,10 +165,11 @@ async def run_extract(url: str, model: str, prompts: list[list[int]],
     return time.perf_counter() - started
 
 
-def run_cli(srv: Any, prompts: list[list[int]], concurrency: int, workdir: Path, *,
+def run_cli(url: str, prompts: list[list[int]], concurrency: int, workdir: Path, *,
             validate: bool = True, out: Path | None = None) -> float:
-    """Seconds of one ``speculators generate-offline-data`` process over ``prompts`` (the
-    dataset is written before the clock starts); its files are deleted after."""
+    """Seconds of one ``speculators generate-offline-data`` process against the server at
+    ``url`` over ``prompts`` (the dataset is written before the clock starts); its files are
+    counted, then deleted."""
     import shutil
     import subprocess
 
@@ -176,9 +177,8 @@ def run_cli(srv: Any, prompts: list[list[int]], concurrency: int, workdir: Path,
     data = serving.write_preprocessed(workdir / f"prepared-{len(prompts)}", prompts)
     out = out or workdir / "out"
     shutil.rmtree(out, ignore_errors=True)
-    command = [*serving.speculators_cli(), "generate-offline-data", "--endpoint",
-               f"{srv.url}/v1", "--preprocessed-data", str(data), "--output", str(out),
-               "--concurrency", str(concurrency), *(["--validate-outputs"] if validate else [])]
+    command = serving.offline_data_command(f"{url}/v1", data, out, concurrency,
+                                           validate=validate)
     started = time.perf_counter()
     run = subprocess.run(command, capture_output=True, text=True, check=False)
     seconds = time.perf_counter() - started
@@ -205,7 +205,7 @@ def run_cli_variants(srv: Any, args: Any, vocab: int, folder: Path) -> dict[str,
         for size in args.cli_prompts:
             prompts = tiny_models.make_prompts(vocab, [args.prompt_len] * size,
                                                seed=1000 + 100 * index + size)
-            results[variant].append(run_cli(srv, prompts, args.concurrency, folder,
+            results[variant].append(run_cli(srv.url, prompts, args.concurrency, folder,
                                             validate=validate, out=out))
             print(f"    cli {variant} {size} prompts: {results[variant][-1]:.2f} s", flush=True)
     return results
@@ -231,7 +231,7 @@ def measure(name: str, model: Path, workdir: Path, args: Any, rounds: list[list[
             vocab = int(json.loads((model / "config.json").read_text())["vocab_size"])
             return run_cli_variants(srv, args, vocab, folder)
         if name == "cli":
-            return [run_cli(srv, rounds[0], args.concurrency, folder / "cli")]
+            return [run_cli(srv.url, rounds[0], args.concurrency, folder / "cli")]
         return [asyncio.run(run_extract(srv.url, str(model), prompts, args.concurrency))
                 for prompts in rounds]
 
@@ -252,6 +252,16 @@ def write_rate(folder: Path, gib: int) -> float:
     return gib * (1 << 30) / seconds / 1e9
 
 
+def steady_state(sizes: Sequence[int], seconds: Sequence[float]) -> tuple[float, float] | None:
+    """From runs of ``sizes`` prompts taking ``seconds``: (prompts/s between the smallest and
+    the largest run, start-up: the smallest run less its prompts at that rate), or ``None``
+    with fewer than two sizes or no time between them."""
+    if len(sizes) < 2 or seconds[-1] <= seconds[0]:
+        return None
+    rate = (sizes[-1] - sizes[0]) / (seconds[-1] - seconds[0])
+    return rate, seconds[0] - sizes[0] / rate
+
+
 def print_cli_variants(value: dict[str, list[float]], args: Any,
                        plain_rate: float | None) -> None:
     """The CLI per variant: seconds at each size; with two sizes, its steady state (tokens/s
@@ -260,9 +270,8 @@ def print_cli_variants(value: dict[str, list[float]], args: Any,
     for variant, seconds in value.items():
         each = " ".join(f"{n}: {t:.2f} s" for n, t in zip(sizes, seconds, strict=True))
         line = f"cli {variant:<18} {each}"
-        if len(sizes) >= 2 and seconds[-1] > seconds[0]:
-            rate = (sizes[-1] - sizes[0]) * args.prompt_len / (seconds[-1] - seconds[0])
-            startup = seconds[0] - sizes[0] * args.prompt_len / rate
+        if steady := steady_state(sizes, seconds):
+            rate, startup = steady[0] * args.prompt_len, steady[1]
             vs = f", {rate / plain_rate:.3f} of plain" if plain_rate else ""
             line += f"; steady state {rate:.0f} tok/s{vs}; start-up {startup:.1f} s"
         print(line)

@@ -334,12 +334,19 @@ def generate(srv: Server, prompts: list[list[int]], work: Path, concurrency: int
             capture_output=True, text=True, timeout=900, check=False)
         return run, out / "hidden_states"
     data = write_preprocessed(work / "prepared", prompts)
-    run = subprocess.run(
-        [*speculators_cli(), "generate-offline-data", "--endpoint",
-         f"{srv.url}/v1", "--preprocessed-data", str(data), "--output", str(out),
-         "--concurrency", str(concurrency), *(["--validate-outputs"] if validate else [])],
-        capture_output=True, text=True, timeout=900, check=False)
+    run = subprocess.run(offline_data_command(f"{srv.url}/v1", data, out, concurrency,
+                                              validate=validate),
+                         capture_output=True, text=True, timeout=900, check=False)
     return run, out
+
+
+def offline_data_command(endpoint: str, data: Path, out: Path, concurrency: int, *,
+                         validate: bool = True) -> list[str]:
+    """speculators' ``generate-offline-data`` against ``endpoint`` over the prepared dataset
+    ``data``, its files into ``out`` (``validate``: with ``--validate-outputs``)."""
+    return [*speculators_cli(), "generate-offline-data", "--endpoint", endpoint,
+            "--preprocessed-data", str(data), "--output", str(out),
+            "--concurrency", str(concurrency), *(["--validate-outputs"] if validate else [])]
 
 
 def verify_report(out: Path, model: Path) -> tuple[int, dict[str, Any]]:
