@@ -194,8 +194,9 @@ def show_adapters(markdown: bool, as_json: bool) -> int:
             else:
                 spec = ("any speculators" if a.speculators is None
                         else f"speculators {a.speculators}")
+            where = "" if a.platform is None else f"; only on the {a.platform} platform"
             print(f"{a.id}\n    {a.summary}\n    selected by {a.cause} {a.cause_specifier}; "
-                  f"{spec}; {a.side.value} side")
+                  f"{spec}; {a.side.value} side{where}")
             print(f"    why: {a.why}\n    how: {a.how}")
             print(f"    upstream: {a.upstream}\n    upstream reference: {a.upstream_ref}")
             print(f"    remove when: {a.remove_when}")
@@ -244,6 +245,7 @@ def adapters_markdown(adapters: Sequence[Adapter]) -> str:
         for a in (a for a in adapters if registry.wing_of(a) is path):
             spec = ("" if a.cause == "speculators" or a.speculators is None
                     else f", speculators `{a.speculators}`")
+            where = "" if a.platform is None else f"; only on the {a.platform} platform"
             lines += [f"### `{a.id}`", "", f"**What:** {_sentence(a.summary)}", ""]
             module = a.probe.__module__
             doc = (importlib.import_module(module).__doc__ or "").strip()
@@ -256,7 +258,7 @@ def adapters_markdown(adapters: Sequence[Adapter]) -> str:
                     lines.append(f"- **Details:** under `{described[module]}`.")
             lines += [f"- **Upstream:** {a.upstream}; {_sentence(a.upstream_ref)}",
                       f"- **Selected by:** {a.cause} `{a.cause_specifier}`{spec}; "
-                      f"{a.side.value} side.",
+                      f"{a.side.value} side{where}.",
                       f"- **Remove when:** {_sentence(a.remove_when)}", ""]
     return "\n".join(lines).rstrip("\n") + "\n"
 

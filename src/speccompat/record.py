@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from packaging.specifiers import SpecifierSet
 
 from .patching import Patcher
-from .versions import Environment
+from .versions import Environment, vllm_platform
 
 # The prefix of an ``upstream_ref`` that names no PR, commit or release note; a reason follows.
 NONE_FOUND = "none found: "
@@ -73,6 +73,8 @@ class Adapter:
     vllm: SpecifierSet | None = None
     # For behaviours that come with a transformers release rather than a vLLM one.
     transformers: SpecifierSet | None = None
+    # The vLLM platform the behaviour exists on ("cpu"), or None for every platform.
+    platform: str | None = None
 
     def __post_init__(self) -> None:
         causes = [s for s in (self.vllm, self.transformers) if s is not None]
@@ -120,6 +122,17 @@ class Adapter:
             return True, f"speculators {env.speculators.version} is in {self.speculators}"
         return True, f"vLLM {env.vllm.version} is in {self.vllm}"
 
+    def off_platform(self, env: Environment) -> str | None:
+        """Why the running platform is not the one the behaviour exists on, or ``None`` (no
+        platform bound, the right one, or one that cannot be told: the hook checks again)."""
+        if self.platform is None:
+            return None
+        running = env.platform or vllm_platform()
+        if running is None or running == self.platform:
+            return None
+        return (f"vLLM's platform here is {running}; the behaviour exists only on the "
+                f"{self.platform} platform")
+
     def as_dict(self) -> dict[str, str | None]:
         """Every field of the record but the callables, specifiers as strings."""
         return {
@@ -134,5 +147,6 @@ class Adapter:
             "transformers": None if self.transformers is None else str(self.transformers),
             "speculators": None if self.speculators is None else str(self.speculators),
             "side": self.side.value,
+            "platform": self.platform,
             "remove_when": self.remove_when,
         }

@@ -212,6 +212,8 @@ class Verdict:
     wanted: bool
     why: str
     mismatch: str | None = None
+    # Not wanted because the platform is another one, whatever the versions say.
+    off_platform: bool = False
 
 
 def select(adapter: Adapter, env: Environment, *, probe: bool) -> Verdict:
@@ -219,6 +221,9 @@ def select(adapter: Adapter, env: Environment, *, probe: bool) -> Verdict:
     specifiers say when the adapter should apply; ``probe`` (side-effect free, yet it reads
     sources) confirms the code looks as expected, only where it is wanted."""
     wanted, why = adapter.wants(env)
+    elsewhere = adapter.off_platform(env) if wanted else None
+    if elsewhere is not None:
+        return Verdict(False, elsewhere, off_platform=True)
     mismatch = _probe(adapter) if probe and wanted and env.vllm is not None else None
     return Verdict(wanted, why, mismatch)
 
@@ -260,7 +265,7 @@ def _apply_one(
     if not verdict.wanted:
         # A vLLM-only adapter outside its range should find the old shape; if it
         # finds the new one, the version says one thing and the code another.
-        if adapter.speculators is None and _probe(adapter) is None:
+        if not verdict.off_platform and adapter.speculators is None and _probe(adapter) is None:
             _disagree(adapter, f"{why}, yet the installed code has the shape it fixes", strict)
         return outcome(State.NOT_NEEDED, why)
     if mismatch is not None:

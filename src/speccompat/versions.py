@@ -216,6 +216,22 @@ def _device() -> tuple[str | None, tuple[int, int] | None]:
         return "cpu", None
 
 
+def vllm_platform() -> str | None:
+    """vLLM's own platform ("cpu", "cuda", ...) where this process has imported
+    ``vllm.platforms`` (vLLM's processes, where the plugin runs), else ``None``: it never
+    imports vLLM itself."""
+    platforms = sys.modules.get("vllm.platforms")
+    if platforms is None:
+        return None
+    try:
+        current = platforms.current_platform
+        if current.is_unspecified():  # e.g. a CUDA build on a machine without a GPU
+            return None
+        return "cpu" if current.is_cpu() else str(current.device_name)
+    except Exception:
+        return None
+
+
 def detect(*, device: bool = False) -> Environment:
     """Read the environment. ``device=True`` also asks for platform and GPU capability.
 

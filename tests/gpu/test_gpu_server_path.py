@@ -112,6 +112,9 @@ def _extract_and_compare(model: Path, tmp_path: Path, name: str, *extra: str,
 def test_llama_ids_0_to_n(tiny_llama: Path, tmp_path: Path) -> None:
     log = _extract_and_compare(tiny_llama, tmp_path, "llama")
     assert "server-path adapters applied" in log
+    applied = log.split("server-path adapters applied")[1].splitlines()[0]
+    # The CPU build's writer adapter acts only on the CPU platform: not named on CUDA.
+    assert "hidden_states_connector_cpu_writer" not in applied, applied
     print("llama runner:", "V2" if "Using V2 Model Runner" in log else "V1",
           [line for line in log.splitlines() if "Model Runner V2" in line][:1])
 

@@ -113,6 +113,7 @@ def make_adapter(
     vllm: str = ">=0.11.1",
     speculators: str | None = None,
     side: Side = Side.DRIVER,
+    platform: str | None = None,
 ) -> Adapter:
     """A synthetic adapter record; its patch acts on objects the test owns."""
     return Adapter(
@@ -128,6 +129,7 @@ def make_adapter(
         probe=probe,
         patch=patch,
         remove_when="never",
+        platform=platform,
     )
 
 

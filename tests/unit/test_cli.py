@@ -207,7 +207,8 @@ def test_adapters_markdown(capsys: pytest.CaptureFixture[str]) -> None:
         section = by_id[adapter.id]
         assert f"**What:** {adapter.summary}" in section
         assert f"- **Selected by:** {adapter.cause} `{adapter.cause_specifier}`" in section
-        assert f"{adapter.side.value} side." in section
+        where = "" if adapter.platform is None else f"; only on the {adapter.platform} platform"
+        assert f"{adapter.side.value} side{where}." in section
         for text in (adapter.upstream, adapter.upstream_ref, adapter.remove_when):
             assert text in section, (adapter.id, text)
         module = adapter.probe.__module__
@@ -240,7 +241,7 @@ def test_adapters_json(capsys: pytest.CaptureFixture[str]) -> None:
     records = json.loads(capsys.readouterr().out)
     assert [r["id"] for r in records] == catalogue_ids()
     fields = {"id", "summary", "why", "how", "upstream", "upstream_ref", "cause", "vllm",
-              "transformers", "speculators", "side", "path", "remove_when"}
+              "transformers", "speculators", "side", "platform", "path", "remove_when"}
     for adapter, record in zip(speccompat.catalogue(), records, strict=True):
         assert set(record) == fields
         assert record["why"] == adapter.why and record["how"] == adapter.how
@@ -251,6 +252,7 @@ def test_adapters_json(capsys: pytest.CaptureFixture[str]) -> None:
         for name in ("vllm", "transformers", "speculators"):
             assert record[name] is None or isinstance(record[name], str)
         assert record["side"] == adapter.side.value
+        assert record["platform"] == adapter.platform
 
 
 def test_adapters_takes_one_output_form(capsys: pytest.CaptureFixture[str]) -> None:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import sys
 import threading
+import types
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -77,6 +79,54 @@ def test_applies_inside_its_range(
     assert patch.calls == 1
     assert target.module.greet("x") == "patched: hello x"
     assert speccompat.active() == ("t.in_range",)
+
+
+@pytest.mark.parametrize(("running", "wanted"), [("cpu", True), ("cuda", False)])
+def test_a_platform_bound_adapter_follows_the_platform(
+    target: Target, env_factory: MakeEnv, adapter_factory: MakeAdapter,
+    running: str, wanted: bool,
+) -> None:
+    patch = Counter(target)
+    adapter = adapter_factory("t.cpu_only", patch=patch, platform="cpu")
+    env = dataclasses.replace(env_factory("0.26.0", "0.9.0"), platform=running)
+    with no_warnings():
+        report = registry._apply(adapters=[adapter], environment=env)
+    assert report.state_of("t.cpu_only") is (State.APPLIED if wanted else State.NOT_NEEDED)
+    assert patch.calls == (1 if wanted else 0)
+    if not wanted:
+        assert report.outcomes[0].reason == (
+            "vLLM's platform here is cuda; the behaviour exists only on the cpu platform")
+
+
+def test_without_a_known_platform_vllms_own_answer_decides(
+    env_factory: MakeEnv, adapter_factory: MakeAdapter, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In vLLM's processes the detected environment has no platform (a CUDA wheel is plain
+    ``vllm``): the already-imported ``vllm.platforms`` answers; never an import of its own."""
+    adapter = adapter_factory("t.cpu_only", platform="cpu")
+    env = env_factory("0.26.0", "0.9.0")
+    monkeypatch.delitem(sys.modules, "vllm.platforms", raising=False)
+    assert adapter.off_platform(env) is None  # unknown: selected, its hook checks again
+    assert "vllm.platforms" not in sys.modules
+
+    class Platform:
+        device_name = "cuda"
+
+        def __init__(self, cpu: bool = False, unspecified: bool = False) -> None:
+            self.cpu, self.unspecified = cpu, unspecified
+
+        def is_cpu(self) -> bool:
+            return self.cpu
+
+        def is_unspecified(self) -> bool:
+            return self.unspecified
+
+    platforms = types.ModuleType("vllm.platforms")
+    monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
+    for current, wanted in [(Platform(), False), (Platform(cpu=True), True),
+                            (Platform(unspecified=True), True)]:
+        platforms.current_platform = current  # type: ignore[attr-defined]
+        assert registry.select(adapter, env, probe=False).wanted is wanted
 
 
 def test_dev_build_of_the_lower_bound_is_in_range(
@@ -628,8 +678,6 @@ def test_concurrent_apply_patches_once(
 def test_transformers_specifier_selects_too(
     env_factory: MakeEnv, adapter_factory: MakeAdapter, target: Target,
 ) -> None:
-    import dataclasses
-
     from packaging.specifiers import SpecifierSet
 
     adapter = dataclasses.replace(adapter_factory("t.tf", patch=Counter(target)),

@@ -7,6 +7,7 @@ the order its writer drives them."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import os
@@ -20,12 +21,14 @@ import speccompat
 from speccompat import registry
 from speccompat.record import ExtractionPath
 from speccompat.server.adapters.hidden_states_connector_cpu_writer import (
+    ADAPTER,
     CONNECTOR,
     CUDA_USES,
     ID,
     CpuTorch,
 )
 from speccompat.targets import module_source
+from speccompat.versions import detect, vllm_platform
 from support import needs_adapter, requires_vllm, vllm_in
 
 pytestmark = requires_vllm
@@ -120,3 +123,21 @@ def test_user_apply_leaves_it_to_the_plugin() -> None:
     finally:
         speccompat.revert()
     assert os.environ.get("SPECCOMPAT_EXTRACT_HIDDEN_STATES") != "1"
+
+
+@applies
+def test_selected_only_on_vllms_cpu_platform() -> None:
+    """In vLLM's processes a CUDA wheel's environment names no platform: vLLM's own
+    ``current_platform`` decides, so on CUDA the server log does not list the adapter."""
+    from vllm.platforms import current_platform
+
+    env = dataclasses.replace(detect(), platform=None)
+    verdict = registry.select(ADAPTER, env, probe=True)
+    if current_platform.is_cpu():
+        assert vllm_platform() == "cpu"
+        assert verdict.wanted and verdict.mismatch is None
+    elif current_platform.is_unspecified():  # a CUDA wheel without a GPU: the hook decides
+        assert vllm_platform() is None and verdict.wanted
+    else:
+        assert not verdict.wanted and verdict.off_platform
+        assert verdict.why.startswith(f"vLLM's platform here is {vllm_platform()};")

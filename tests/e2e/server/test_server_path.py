@@ -16,6 +16,7 @@ import pytest
 from packaging.version import Version
 
 import serving
+import speccompat
 from support import (
     requires_speculators,
     requires_vllm,
@@ -52,6 +53,11 @@ def test_llama_every_id_matches_hf_fp32(llama_fp32: Path, tmp_path: Path) -> Non
         assert second.returncode == 0, second.stderr[-4000:] + srv.log_tail()
         log = srv.log_tail(10**7)
     assert "server-path adapters applied" in log, log[-4000:]
+    vllm = speccompat.detect().vllm
+    assert vllm is not None
+    if vllm.version >= Version("0.22.0"):  # the connector's CUDA-only writer
+        applied = log.split("server-path adapters applied")[1].splitlines()[0]
+        assert "vllm.hidden_states_connector_cpu_writer" in applied, applied
     batches = ((out, serving.prompts(PROMPT_LENGTHS)), (out2, serving.prompts((50, 9), seed=11)))
     for result, prompts in batches:
         assert serving.verify(result, llama_fp32)["ok"] is True
@@ -69,8 +75,6 @@ def test_without_speccompat_the_cpu_build_writes_no_file(llama_fp32: Path,
     ``<path>.lock`` appears, and the engine dies (vLLM's CPU build, SPECCOMPAT_DISABLE=1).
     Chunked prefill off, as speculators' launcher turned it off: vLLM 0.22-0.23 refuse it
     with this connector unless speccompat is there."""
-    import speccompat
-
     writes_in_forward = speccompat.detect().vllm.version < Version("0.24.0")
     with serving.serve(llama_fp32, tmp_path, [1, 2], "--dtype", "float32",
                       *serving.NO_CHUNKED_PREFILL, env={"SPECCOMPAT_DISABLE": "1"}) as srv:

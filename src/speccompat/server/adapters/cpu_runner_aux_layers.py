@@ -10,7 +10,7 @@ After the CPU runner's own ``load_model`` (which loads the drafter), the adapter
 GPU runner's step of that release: the aux layers from the speculative config
 (``_get_eagle3_aux_layers_from_config``, else the model's defaults) given to
 ``model.set_aux_hidden_state_layers``, where the runner was asked for aux hidden-state
-outputs. On CUDA nothing is patched.
+outputs. Selected only on the CPU platform.
 """
 
 from __future__ import annotations
@@ -95,6 +95,7 @@ ADAPTER = Adapter(
     vllm=spec(">=0.20.0,<0.22.0"),
     speculators=None,
     side=Side.WORKER,
+    platform="cpu",
     probe=_probe,
     patch=_patch,
     remove_when="vLLM 0.22.0 is the oldest supported release",

@@ -7,8 +7,9 @@ path back while only ``<path>.lock`` is ever written, and the worker dies: 0.26'
 On the CPU platform the connector module's ``torch`` becomes a view whose CUDA stream,
 event and stream context are synchronous stand-ins and whose ``empty_like`` ignores
 ``pin_memory``: every copy is a plain CPU copy finished when it returns, so the writer
-thread, the lock file and ``get_finished`` keep their upstream logic. On CUDA nothing is
-patched.
+thread, the lock file and ``get_finished`` keep their upstream logic. Selected only where
+vLLM's platform is the CPU (on CUDA it is not needed and not listed as applied); the hook
+checks the platform again when the module loads, for a process that could not tell earlier.
 """
 
 from __future__ import annotations
@@ -124,6 +125,7 @@ ADAPTER = Adapter(
     vllm=spec(">=0.22.0"),
     speculators=None,
     side=Side.WORKER,
+    platform="cpu",
     probe=_probe,
     patch=_patch,
     remove_when="vLLM's connector writes without CUDA on the CPU platform",
