@@ -349,11 +349,14 @@ def offline_data_command(endpoint: str, data: Path, out: Path, concurrency: int,
             "--concurrency", str(concurrency), *(["--validate-outputs"] if validate else [])]
 
 
-def verify_report(out: Path, model: Path) -> tuple[int, dict[str, Any]]:
-    """``speccompat verify OUT --model MODEL --json``: (exit status, report)."""
+def verify_report(out: Path, model: Path,
+                  layer_ids: list[int] | None = None) -> tuple[int, dict[str, Any]]:
+    """``speccompat verify OUT --model MODEL [--layer-ids ...] --json``: (exit status,
+    report)."""
+    ids = ["--layer-ids", *map(str, layer_ids)] if layer_ids else []
     run = subprocess.run([sys.executable, "-m", "speccompat", "verify", str(out), "--model",
-                          str(model), "--json"], capture_output=True, text=True, timeout=300,
-                         check=False)
+                          str(model), *ids, "--json"], capture_output=True, text=True,
+                         timeout=300, check=False)
     try:
         report: dict[str, Any] = json.loads(run.stdout)
     except ValueError as error:
@@ -361,10 +364,14 @@ def verify_report(out: Path, model: Path) -> tuple[int, dict[str, Any]]:
     return run.returncode, report
 
 
-def verify(out: Path, model: Path) -> dict[str, Any]:
-    """``speccompat verify`` on a folder that must pass."""
-    status, report = verify_report(out, model)
+def verify(out: Path, model: Path, layer_ids: list[int] | None = None) -> dict[str, Any]:
+    """``speccompat verify`` on a folder that must pass; with ``layer_ids`` holding id 0, its
+    slot must have been compared with the model's embeddings (bit for bit)."""
+    status, report = verify_report(out, model, layer_ids)
     assert status == 0, json.dumps(report)[-3000:]
+    if layer_ids and 0 in layer_ids:
+        assert any(note.startswith("id 0 compared with") for note in report["notes"]), \
+            report["notes"]
     return report
 
 

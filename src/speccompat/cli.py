@@ -263,10 +263,11 @@ def adapters_markdown(adapters: Sequence[Adapter]) -> str:
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
-def verify_outputs(directory: Path, model: Path | None, as_json: bool) -> int:
+def verify_outputs(directory: Path, model: Path | None, as_json: bool,
+                   layer_ids: Sequence[int] | None = None) -> int:
     """Check hidden-state files in ``directory``; 0 only when every file passes."""
     try:
-        report = verify.verify_dir(directory, model=model)
+        report = verify.verify_dir(directory, model=model, layer_ids=layer_ids)
     except verify.TorchMissingError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -312,6 +313,10 @@ def parser() -> argparse.ArgumentParser:
                           help="where data_{i}.pt or *.safetensors files were written")
     p_verify.add_argument("--model", metavar="MODEL_DIR", type=Path, default=None,
                           help="the target model (its config.json gives the hidden size)")
+    p_verify.add_argument("--layer-ids", metavar="ID", type=int, nargs="+", default=None,
+                          help="the eagle_aux_hidden_state_layer_ids the server was asked for "
+                          "(speculators >= 0.5 records none); with --model, id 0 is compared "
+                          "with the model's embeddings")
     p_verify.add_argument("--json", action="store_true", help="machine-readable output")
     return root
 
@@ -339,7 +344,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     if args.command == "verify":
-        return verify_outputs(args.directory, args.model, args.json)
+        return verify_outputs(args.directory, args.model, args.json, args.layer_ids)
     if args.command == "doctor":
         return doctor(args.json, args.show_all)
     if args.command == "matrix":

@@ -462,6 +462,115 @@ def test_safetensors_id_0_slot_aliased(tmp_path: Path,
     assert "--enforce-eager" in reason and "vllm.eagle_mixin_capture_alias" in reason
 
 
+def write_model_with_embeddings(path: Path, *, model_type: str = "llama", vocab: int = 1000,
+                                **config: Any) -> Any:
+    """A model folder whose model.safetensors holds only ``model.embed_tokens.weight``."""
+    save_file = pytest.importorskip("safetensors.torch").save_file
+    write_model(path, HIDDEN)
+    (path / "config.json").write_text(json.dumps(
+        {"model_type": model_type, "num_hidden_layers": 4, "hidden_size": HIDDEN, **config}))
+    embed = torch.randn(vocab, HIDDEN, generator=torch.Generator().manual_seed(5))
+    embed = embed.to(torch.bfloat16)
+    save_file({"model.embed_tokens.weight": embed, "model.norm.weight": torch.ones(HIDDEN)},
+              str(path / "model.safetensors"))
+    return embed
+
+
+def write_first_id_files(path: Path, embed: Any, *, dtype: Any = None) -> Path:
+    """Files as a server asked for ids [0, 1, 2, 3] writes them: slot 0 the token rows."""
+    save_file = pytest.importorskip("safetensors.torch").save_file
+    path.mkdir(parents=True, exist_ok=True)
+    dtype = dtype or torch.bfloat16
+    for index, rows in enumerate(LENGTHS):
+        generator = torch.Generator().manual_seed(index)
+        tokens = torch.randint(0, embed.shape[0], (rows,), generator=generator)
+        states = torch.randn(rows, 4, HIDDEN, generator=generator).to(dtype)
+        states[:, 0] = embed[tokens].to(dtype)
+        save_file({"hidden_states": states, "token_ids": tokens},
+                  str(path / f"hs_{index}.safetensors"))
+    return path
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_id_0_equal_to_the_model_embeddings_passes(tmp_path: Path, dtype: str,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Ids given in any order: id 0 is slot 0. A float32 server (--dtype float32) casts the
+    bf16 rows exactly, so they compare bit for bit too."""
+    embed = write_model_with_embeddings(tmp_path / "model")
+    data = write_first_id_files(tmp_path / "out", embed, dtype=getattr(torch, dtype))
+    code, out = verify(capsys, str(data), "--model", str(tmp_path / "model"),
+                       "--layer-ids", "3", "0", "2", "1")
+    assert code == 0, out
+    assert "id 0 compared with" in out and "model.embed_tokens.weight" in out
+
+
+def test_id_0_holding_the_first_layers_update_fails(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """What an eager Kimi-Linear server of vLLM 0.27+ writes without speccompat (seen on an
+    H200 with vLLM 0.34.0): id 0 is the embeddings plus the first layer's in-place update.
+    Shape, dtype and values look fine; only the embeddings tell."""
+    save_file = pytest.importorskip("safetensors.torch").save_file
+    embed = write_model_with_embeddings(tmp_path / "model")
+    data = write_first_id_files(tmp_path / "out", embed)
+    path = str(data / "hs_1.safetensors")
+    from safetensors.torch import load_file
+
+    sample = load_file(path)
+    sample["hidden_states"][:, 0] += torch.randn(LENGTHS[1], HIDDEN).to(torch.bfloat16)
+    save_file(sample, path)
+    code, payload = verify_json(capsys, str(data), "--model", str(tmp_path / "model"),
+                                "--layer-ids", "0", "1", "2", "3")
+    assert code == 1
+    failed = only_failure(payload)
+    assert failed["file"] == "hs_1.safetensors"
+    (reason,) = failed["reasons"]
+    assert reason.startswith("id 0 is not the model's embeddings (model.embed_tokens.weight) "
+                             f"for {LENGTHS[1]} of {LENGTHS[1]} tokens"), reason
+
+
+def test_id_0_not_compared_where_the_model_may_scale_its_embeddings(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    embed = write_model_with_embeddings(tmp_path / "model", model_type="gemma3_text")
+    data = write_first_id_files(tmp_path / "out", embed * 2)  # Gemma's normalizer
+    code, out = verify(capsys, str(data), "--model", str(tmp_path / "model"),
+                       "--layer-ids", "0", "1", "2", "3")
+    assert code == 0, out
+    assert "id 0 not compared with the model's embeddings: model_type 'gemma3_text'" in out
+
+
+def test_id_0_not_compared_without_the_embeddings_in_the_model_folder(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = write_safetensors_dir(tmp_path / "out")
+    model = write_model(tmp_path / "model", HIDDEN)  # config.json only
+    code, out = verify(capsys, str(data), "--model", str(model), "--layer-ids", "0", "1", "2",
+                       "3")
+    assert code == 0, out
+    assert ("id 0 not compared with the model's embeddings: no *embed_tokens.weight tensor in "
+            f"{model}'s safetensors files") in out
+
+
+def test_id_0_skips_media_placeholders_and_names_unknown_tokens(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A multimodal model replaces its image placeholder's rows before layer 0; a token past
+    the vocabulary cannot be the model's."""
+    save_file = pytest.importorskip("safetensors.torch").save_file
+    embed = write_model_with_embeddings(tmp_path / "model", image_token_id=7)
+    data = write_first_id_files(tmp_path / "out", embed)
+    sample = {"hidden_states": torch.randn(3, 4, HIDDEN).to(torch.bfloat16),
+              "token_ids": torch.tensor([7, 3, 7])}
+    sample["hidden_states"][1, 0] = embed[3]
+    save_file(sample, str(data / "hs_0.safetensors"))
+    model = ["--model", str(tmp_path / "model"), "--layer-ids", "0", "1", "2", "3"]
+    code, out = verify(capsys, str(data), *model)
+    assert code == 0, out
+    sample["token_ids"] = torch.tensor([7, 3, 1000])
+    save_file(sample, str(data / "hs_0.safetensors"))
+    code, payload = verify_json(capsys, str(data), *model)
+    assert code == 1
+    (reason,) = only_failure(payload)["reasons"]
+    assert reason == "token id 1000 is outside model.embed_tokens.weight's 1000 rows"
+
+
 def test_pt_copied_layer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The old generator's files (id k = the output of layer k: no slot is the embeddings)."""
     data = write_pt_dir(tmp_path / "out")

@@ -11,6 +11,9 @@ Two layouts are understood:
   ``DIR/hidden_states/``, each holding ``hidden_states`` ``[num_tokens, num_layers,
   hidden]`` and ``token_ids`` ``[num_tokens]``.
 
+Given ``--layer-ids`` (what the server was asked for) and ``--model``, id 0's slot is
+compared with the model's embedding rows (``verify.embeddings``).
+
 ``.pt`` files are read with ``torch.load(..., weights_only=True)`` and nothing
 else: a file that needs more than tensors and plain containers is reported, never
 unpickled. This package imports neither torch nor safetensors at import time.

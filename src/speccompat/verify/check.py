@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..layers import aux_slot_order
+from .embeddings import Embeddings
 from .layout import HIDDEN_STATES_SUBDIR, discover, find_gaps
 from .metadata import DATA_CONFIG, model_hidden_size, read_metadata
 from .readers import check_pt, check_safetensors, import_load_file, import_torch
@@ -21,8 +22,27 @@ def _majority(values: Iterable[Any]) -> Any:
     return counted.most_common(1)[0][0] if counted else None
 
 
-def verify_dir(path: Path | str, *, model: Path | None = None) -> VerifyReport:
+def _first_id_reference(model: Path | None, layer_ids: Sequence[int] | None,
+                        notes: list[str]) -> Embeddings | None:
+    """The model's embeddings where id 0's slot can be checked against them; a note either
+    way once id 0 is among the ids and a model is given."""
+    if model is None or not layer_ids or 0 not in layer_ids:
+        return None
+    found = Embeddings.open(model)
+    if isinstance(found, str):
+        notes.append(f"id 0 not compared with the model's embeddings: {found}")
+        return None
+    notes.append(f"id 0 compared with {model}'s {found.name}, token by token")
+    return found
+
+
+def verify_dir(path: Path | str, *, model: Path | None = None,
+               layer_ids: Sequence[int] | None = None) -> VerifyReport:
     """Check every hidden-state file under ``path``; see the package docstring.
+
+    ``layer_ids``: the ids the server was asked for (any order, as given to vLLM), where the
+    directory does not record them (speculators >= 0.5 writes no ``data_config.json``). With
+    ``model`` and id 0 among them, id 0's slot is compared with the model's embeddings.
 
     Raises :class:`TorchMissingError` when torch cannot be imported; every
     problem with the files themselves is a verdict in the report, not an error.
@@ -37,6 +57,13 @@ def verify_dir(path: Path | str, *, model: Path | None = None) -> VerifyReport:
     meta = read_metadata(directory)
     problems = list(meta.problems)
     notes = list(meta.notes)
+    if layer_ids:
+        given = tuple(layer_ids)
+        if meta.layer_ids and tuple(aux_slot_order(meta.layer_ids)) != tuple(
+                aux_slot_order(given)):
+            notes.append(f"--layer-ids {list(given)} differ from {DATA_CONFIG}'s "
+                         f"{list(meta.layer_ids)}: --layer-ids used")
+        meta = dataclasses.replace(meta, layer_ids=given)
     counted = "len(hidden_states.layer_ids)"
     if meta.layer_ids:
         # Files hold each id once in layer order, whatever order the ids were given in.
@@ -55,10 +82,13 @@ def verify_dir(path: Path | str, *, model: Path | None = None) -> VerifyReport:
                         f"*.safetensors and {HIDDEN_STATES_SUBDIR}/*.safetensors)")
 
     load_file = None
+    embeddings = None
     if any(s.format is Format.SAFETENSORS for s in samples):
         load_file = import_load_file()
+        embeddings = _first_id_reference(model, meta.layer_ids, notes)
     observed = [check_pt(torch, s, meta) if s.format is Format.PT
-                else check_safetensors(torch, load_file, s, meta.layer_ids) for s in samples]
+                else check_safetensors(torch, load_file, s, meta.layer_ids, embeddings)
+                for s in samples]
 
     # What every file must match: recorded facts first, else what most files agree on.
     if meta.layer_ids:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SpeccompatError
+from .embeddings import Embeddings
 from .metadata import SAMPLE_LENGTHS, Metadata, is_int
 from .report import SampleFile
 
@@ -207,7 +208,10 @@ def check_pt(torch: Any, sample: SampleFile, meta: Metadata) -> _Observed:
 
 
 def check_safetensors(torch: Any, load_file: Any, sample: SampleFile,
-                      layer_ids: Sequence[int] | None = None) -> _Observed:
+                      layer_ids: Sequence[int] | None = None,
+                      embeddings: Embeddings | None = None) -> _Observed:
+    """One ``.safetensors`` file; ``embeddings``: the model's rows to compare id 0 with,
+    where ``layer_ids`` hold id 0 (its slot is the first: slots follow layer order)."""
     seen = _Observed(sample)
     if load_file is None:
         seen.reasons.append("this format needs the safetensors package, which is not "
@@ -245,6 +249,11 @@ def check_safetensors(torch: Any, load_file: Any, sample: SampleFile,
                                 f"({int(per_layer.sum().item())} values)")
         seen.reasons.extend(_zero_rows(states, layer_ids) + _copied_slots(
             torch, [states[:, i] for i in range(seen.layers)], layer_ids))
+        if (embeddings is not None and layer_ids and layer_ids[0] == 0 and rows == tokens
+                and len(layer_ids) == seen.layers):
+            mismatch = embeddings.mismatch(torch, ids, states[:, 0])
+            if mismatch:
+                seen.reasons.append(mismatch)
     mask = data.get("loss_mask")
     if mask is not None:
         length = _length(torch, mask)

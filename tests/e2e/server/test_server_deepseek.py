@@ -54,7 +54,7 @@ def test_deepseek_every_id_matches_hf(tiny_deepseek: Path, tmp_path: Path) -> No
     for adapter in (FIRST_LAYER, FINAL_LAYER):
         assert (adapter in applied) is adapter_applies(adapter)[0], (adapter, applied)
     for out in outs:
-        assert serving.verify(out, tiny_deepseek)["ok"] is True
+        assert serving.verify(out, tiny_deepseek, layer_ids)["ok"] is True
     _check_against_hf(outs, tiny_deepseek, batches, layer_ids)
 
 

@@ -60,7 +60,7 @@ def test_llama_every_id_matches_hf_fp32(llama_fp32: Path, tmp_path: Path) -> Non
         assert "vllm.hidden_states_connector_cpu_writer" in applied, applied
     batches = ((out, serving.prompts(PROMPT_LENGTHS)), (out2, serving.prompts((50, 9), seed=11)))
     for result, prompts in batches:
-        assert serving.verify(result, llama_fp32)["ok"] is True
+        assert serving.verify(result, llama_fp32, layer_ids)["ok"] is True
         rows = serving.compare_with_hf(result, llama_fp32, prompts, layer_ids)
         worst = max(rows, key=lambda r: r[3])
         assert worst[3] < FP32_BOUND, f"prompt {worst[0]}, id {worst[1]}: {worst[3]:.2e}"

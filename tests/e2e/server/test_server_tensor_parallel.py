@@ -86,7 +86,7 @@ def test_tp2_every_id_matches_hf_fp32_one_write_per_request(llama_fp32: Path,
     assert settled == written, f"{path} was written again after its lock was released"
     rows = []
     for out, prompts in zip(outs, batches, strict=True):
-        assert serving.verify(out, llama_fp32)["ok"] is True
+        assert serving.verify(out, llama_fp32, layer_ids)["ok"] is True
         rows += serving.compare_with_hf(out, llama_fp32, prompts, layer_ids)
     rows += _compare_one(path, llama_fp32, probe, layer_ids)
     prompt, layer, _, worst = max(rows, key=lambda r: r[3])
@@ -100,6 +100,6 @@ def _compare_one(path: Path, model: Path, prompt: list[int],
     folder = path.parent / "probe"
     folder.mkdir()
     os.link(path, folder / "hs_0.safetensors")
-    assert serving.verify(folder, model)["ok"] is True
+    assert serving.verify(folder, model, layer_ids)["ok"] is True
     return [(-1, layer, mean, worst) for _, layer, mean, worst
             in serving.compare_with_hf(folder, model, [prompt], layer_ids)]
