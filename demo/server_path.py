@@ -47,8 +47,11 @@ def with_speccompat(model: Path, work: Path, ids: list[int]) -> bool:
         print(f"  generate-offline-data failed:\n{run.stderr[-2000:]}")
         return False
     print(f"  generate-offline-data wrote {len(list(out.glob('hs_*.safetensors')))} files")
-    status, report = serving.verify_report(out, model)
-    print(f"  speccompat verify: exit {status}, {report['totals']}")
+    status, report = serving.verify_report(out, model, ids)
+    print(f"  speccompat verify --layer-ids {' '.join(map(str, ids))}: exit {status}, "
+          f"{report['totals']}")
+    for note in (n for n in report["notes"] if n.startswith("id 0")):
+        print(f"    {note}")
     rows = serving.compare_with_hf(out, model, prompts, ids)
     worst = {layer: max(r[3] for r in rows if r[1] == layer) for layer in ids}
     for layer, error in worst.items():
