@@ -56,7 +56,8 @@ class Adapter:
     release, ``transformers`` for those that came with a transformers release (and then
     ``vllm`` stays ``None``: which vLLM a resolver pairs with that transformers is not the
     cause). ``speculators`` narrows either to the consumer it adapts; with neither set it is
-    the cause itself (speculators' own code, on every vLLM it runs on).
+    the cause itself (speculators' own code, on every vLLM it runs on). ``platform`` ("cpu")
+    keeps a behaviour of one vLLM platform from being selected on the others.
     """
 
     id: str
