@@ -95,6 +95,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--disk-probe", type=int, default=0, metavar="GIB",
                         help="first write GIB GiB to --workdir and to --other-fs, fsync "
                              "included, and print the rate")
+    parser.add_argument("--storage", type=Path, default=None, metavar="DIR",
+                        help="the connector's shared_storage_path for every configuration "
+                        "(default: under the workdir); e.g. /dev/shm to take the disk out of "
+                        "the stock and speccompat figures (the CLI then moves files across "
+                        "filesystems in every variant)")
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("vllm_args", nargs="*", help="more engine arguments, after --")
     return parser.parse_args(argv)
@@ -219,9 +224,10 @@ def measure(name: str, model: Path, workdir: Path, args: Any, rounds: list[list[
     import serving
     folder = workdir / name
     folder.mkdir(parents=True, exist_ok=True)
+    storage = args.storage / f"{name}-{os.getpid()}" if args.storage else None
     with serving.serve(model, folder, None if name == "plain" else layer_ids, *args.vllm_args,
                       env=CONFIG_ENV[name], eager=not args.no_eager,
-                      max_model_len=max(1024, args.prompt_len + 16)) as srv:
+                      max_model_len=max(1024, args.prompt_len + 16), storage=storage) as srv:
         if name == "plain":
             asyncio.run(run_plain(srv.url, str(model), warm, args.concurrency))
             return [asyncio.run(run_plain(srv.url, str(model), prompts, args.concurrency))
@@ -311,7 +317,8 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{speccompat.__version__}; {args.rounds} round(s) of {args.prompts} prompts x "
           f"{args.prompt_len} tokens "
           f"({tokens} tokens), concurrency {args.concurrency}, ids {layer_ids}, "
-          f"{'compiled' if args.no_eager else 'eager'}, more engine args {args.vllm_args}",
+          f"{'compiled' if args.no_eager else 'eager'}, more engine args {args.vllm_args}, "
+          f"storage {args.storage or workdir}",
           flush=True)
     results: dict[str, list[float] | dict[str, list[float]] | str] = {}
     if args.disk_probe:

@@ -104,12 +104,12 @@ def _healthy(url: str) -> bool:
 @contextlib.contextmanager
 def serve(model: Path, workdir: Path, layer_ids: Sequence[int] | None, *extra: str,
           env: dict[str, str] | None = None, eager: bool = True,
-          max_model_len: int = 1024) -> Iterator[Server]:
+          max_model_len: int = 1024, storage: Path | None = None) -> Iterator[Server]:
     """``vllm serve MODEL`` with ``extract_hidden_states`` and the stock connector writing
-    to ``workdir/hs`` (``layer_ids=None``: neither, a plain server); yields once ``/health``
-    answers; stops the server by its PID. ``eager=False`` keeps vLLM's compilation and CUDA
-    graphs (what users run on a GPU)."""
-    storage = workdir / "hs"
+    to ``storage`` (default ``workdir/hs``; ``layer_ids=None``: neither, a plain server);
+    yields once ``/health`` answers; stops the server by its PID. ``eager=False`` keeps
+    vLLM's compilation and CUDA graphs (what users run on a GPU)."""
+    storage = storage or workdir / "hs"
     storage.mkdir(parents=True, exist_ok=True)
     log = workdir / "server.log"
     port = free_port()
