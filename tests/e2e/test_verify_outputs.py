@@ -502,6 +502,10 @@ def test_id_0_equal_to_the_model_embeddings_passes(tmp_path: Path, dtype: str,
                        "--layer-ids", "3", "0", "2", "1")
     assert code == 0, out
     assert "id 0 compared with" in out and "model.embed_tokens.weight" in out
+    # --model may name the config file itself.
+    code, out = verify(capsys, str(data), "--model", str(tmp_path / "model" / "config.json"),
+                       "--layer-ids", "0", "1", "2", "3")
+    assert code == 0 and "id 0 compared with" in out, out
 
 
 def test_id_0_holding_the_first_layers_update_fails(tmp_path: Path,

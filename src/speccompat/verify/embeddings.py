@@ -65,11 +65,14 @@ class Embeddings:
 
     @classmethod
     def open(cls, model: Path) -> Embeddings | str:
-        """The model's embeddings, or why id 0 cannot be compared with them."""
+        """The model's embeddings, or why id 0 cannot be compared with them. ``model``: the
+        model folder, or its ``config.json`` (as ``--model`` takes either)."""
+        config_file = model if model.is_file() else model / "config.json"
+        model = config_file.parent
         try:
-            config = json.loads((model / "config.json").read_text(encoding="utf-8"))
+            config = json.loads(config_file.read_text(encoding="utf-8"))
         except (OSError, ValueError) as error:
-            return f"no readable {model / 'config.json'} ({error})"
+            return f"no readable {config_file} ({error})"
         model_type = text_config(config).get("model_type")
         if model_type not in PLAIN_EMBEDDINGS:
             return (f"model_type {model_type!r} may scale or mix its embeddings before layer 0 "
