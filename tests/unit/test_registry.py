@@ -123,9 +123,11 @@ def test_without_a_known_platform_vllms_own_answer_decides(
 
     platforms = types.ModuleType("vllm.platforms")
     monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
+    platforms._current_platform = None  # type: ignore[attr-defined]
+    assert adapter.off_platform(env) is None  # not resolved yet: never resolved from here
     for current, wanted in [(Platform(), False), (Platform(cpu=True), True),
                             (Platform(unspecified=True), True)]:
-        platforms.current_platform = current  # type: ignore[attr-defined]
+        platforms._current_platform = current  # type: ignore[attr-defined]
         assert registry.select(adapter, env, probe=False).wanted is wanted
 
 

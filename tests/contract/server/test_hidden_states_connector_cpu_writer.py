@@ -28,7 +28,7 @@ from speccompat.server.adapters.hidden_states_connector_cpu_writer import (
     CpuTorch,
 )
 from speccompat.targets import module_source
-from speccompat.versions import detect, vllm_platform
+from speccompat.versions import RESOLVED_PLATFORM, detect, vllm_platform
 from support import needs_adapter, requires_vllm, vllm_in
 
 pytestmark = requires_vllm
@@ -129,8 +129,11 @@ def test_user_apply_leaves_it_to_the_plugin() -> None:
 def test_selected_only_on_vllms_cpu_platform() -> None:
     """In vLLM's processes a CUDA wheel's environment names no platform: vLLM's own
     ``current_platform`` decides, so on CUDA the server log does not list the adapter."""
+    import vllm.platforms
     from vllm.platforms import current_platform
 
+    # The resolved platform is where speccompat reads it, never resolving it itself.
+    assert getattr(vllm.platforms, RESOLVED_PLATFORM) is current_platform
     env = dataclasses.replace(detect(), platform=None)
     verdict = registry.select(ADAPTER, env, probe=True)
     if current_platform.is_cpu():
