@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .metadata import model_config
+
 # Text-model types whose stack captures the looked-up rows unscaled as id 0. Others may scale
 # or mix them first (Gemma's normalizer, Granite's embedding_multiplier, MiniCPM's scale_emb).
 PLAIN_EMBEDDINGS = frozenset({
@@ -62,17 +64,19 @@ class Embeddings:
         self._rows: dict[int, Any] = {}
         self._slice: Any = None
         self._handle: Any = None
+        self._vocabulary = 0
 
     @classmethod
     def open(cls, model: Path) -> Embeddings | str:
         """The model's embeddings, or why id 0 cannot be compared with them. ``model``: the
         model folder, or its ``config.json`` (as ``--model`` takes either)."""
-        config_file = model if model.is_file() else model / "config.json"
-        model = config_file.parent
         try:
-            config = json.loads(config_file.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as error:
-            return f"no readable {config_file} ({error})"
+            config_file, config = model_config(model)
+        except ValueError as error:
+            return str(error)
+        if not isinstance(config, Mapping):
+            return f"{config_file} is not a JSON object"
+        model = config_file.parent
         model_type = text_config(config).get("model_type")
         if model_type not in PLAIN_EMBEDDINGS:
             return (f"model_type {model_type!r} may scale or mix its embeddings before layer 0 "
@@ -93,9 +97,10 @@ class Embeddings:
             if self._slice is None:
                 self._handle = _safe_open()(str(self.path), framework="pt")
                 self._slice = self._handle.get_slice(self.name)
-            vocabulary = int(self._slice.get_shape()[0])
-            if not 0 <= token < vocabulary:
-                raise IndexError(f"token id {token} is outside {self.name}'s {vocabulary} rows")
+                self._vocabulary = int(self._slice.get_shape()[0])
+            if not 0 <= token < self._vocabulary:
+                raise IndexError(f"token id {token} is outside {self.name}'s "
+                                 f"{self._vocabulary} rows")
             self._rows[token] = self._slice[token:token + 1][0]
         return self._rows[token]
 

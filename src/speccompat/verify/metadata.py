@@ -22,18 +22,24 @@ def hidden_size_from_config(config: Mapping[str, Any]) -> int | None:
     return hidden
 
 
+def model_config(model: Path) -> tuple[Path, Any]:
+    """(the path of ``model``'s config.json, its parsed contents); ``model`` is a model
+    directory or its config.json. Raises ``ValueError`` saying what is wrong."""
+    config_path = model / "config.json" if model.is_dir() else model
+    try:
+        return config_path, json.loads(config_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"--model {model}: no config.json at {config_path}") from None
+    except (OSError, ValueError) as error:
+        raise ValueError(f"--model {model}: cannot read {config_path}: {error}") from None
+
+
 def model_hidden_size(model: Path) -> int:
     """The hidden size from ``model`` (a model directory or its config.json).
 
     Raises ``ValueError`` saying what is wrong when it cannot be determined.
     """
-    config_path = model / "config.json" if model.is_dir() else model
-    try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ValueError(f"--model {model}: no config.json at {config_path}") from None
-    except (OSError, ValueError) as error:
-        raise ValueError(f"--model {model}: cannot read {config_path}: {error}") from None
+    config_path, config = model_config(model)
     hidden = hidden_size_from_config(config) if isinstance(config, Mapping) else None
     if hidden is None:
         raise ValueError(f"--model {model}: {config_path} has neither hidden_size nor "
