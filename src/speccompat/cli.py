@@ -194,13 +194,17 @@ def show_adapters(markdown: bool, as_json: bool) -> int:
             else:
                 spec = ("any speculators" if a.speculators is None
                         else f"speculators {a.speculators}")
-            where = "" if a.platform is None else f"; only on the {a.platform} platform"
             print(f"{a.id}\n    {a.summary}\n    selected by {a.cause} {a.cause_specifier}; "
-                  f"{spec}; {a.side.value} side{where}")
+                  f"{spec}; {a.side.value} side{_platform_clause(a)}")
             print(f"    why: {a.why}\n    how: {a.how}")
             print(f"    upstream: {a.upstream}\n    upstream reference: {a.upstream_ref}")
             print(f"    remove when: {a.remove_when}")
     return 0
+
+
+def _platform_clause(adapter: Adapter) -> str:
+    """After the side, where a record is bound to one vLLM platform."""
+    return "" if adapter.platform is None else f"; only on the {adapter.platform} platform"
 
 
 def _as_dict(adapter: Adapter) -> dict[str, str | None]:
@@ -245,7 +249,6 @@ def adapters_markdown(adapters: Sequence[Adapter]) -> str:
         for a in (a for a in adapters if registry.wing_of(a) is path):
             spec = ("" if a.cause == "speculators" or a.speculators is None
                     else f", speculators `{a.speculators}`")
-            where = "" if a.platform is None else f"; only on the {a.platform} platform"
             lines += [f"### `{a.id}`", "", f"**What:** {_sentence(a.summary)}", ""]
             module = a.probe.__module__
             doc = (importlib.import_module(module).__doc__ or "").strip()
@@ -258,7 +261,7 @@ def adapters_markdown(adapters: Sequence[Adapter]) -> str:
                     lines.append(f"- **Details:** under `{described[module]}`.")
             lines += [f"- **Upstream:** {a.upstream}; {_sentence(a.upstream_ref)}",
                       f"- **Selected by:** {a.cause} `{a.cause_specifier}`{spec}; "
-                      f"{a.side.value} side{where}.",
+                      f"{a.side.value} side{_platform_clause(a)}.",
                       f"- **Remove when:** {_sentence(a.remove_when)}", ""]
     return "\n".join(lines).rstrip("\n") + "\n"
 
