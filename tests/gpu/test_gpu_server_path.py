@@ -53,7 +53,7 @@ def _keep_log(tmp_path: Path, name: str) -> None:
 
 
 def _extract_and_compare(model: Path, tmp_path: Path, name: str, *extra: str,
-                         env_v2: bool = False) -> str:
+                         env_v2: bool = False, eager: bool = False) -> str:
     """Ids 0..N for three prompts on one server; returns the server log."""
     import hf_reference
 
@@ -65,7 +65,7 @@ def _extract_and_compare(model: Path, tmp_path: Path, name: str, *extra: str,
         env["VLLM_USE_V2_MODEL_RUNNER"] = "1"
     try:
         with serving.serve(model, tmp_path, ids, *GPU_ARGS, *extra, env=env,
-                          eager=False) as srv:
+                          eager=eager) as srv:
             states = [serving.fetch_states(srv, prompt) for prompt in prompts]
             again = serving.fetch_states(srv, prompts[1])  # a second batch, prefix-cached
             log = srv.log_tail(10**7)
@@ -109,8 +109,12 @@ def _extract_and_compare(model: Path, tmp_path: Path, name: str, *extra: str,
     return log
 
 
-def test_llama_ids_0_to_n(tiny_llama: Path, tmp_path: Path) -> None:
-    log = _extract_and_compare(tiny_llama, tmp_path, "llama")
+@pytest.mark.parametrize("eager", [False, True], ids=["compiled", "eager"])
+def test_llama_ids_0_to_n(tiny_llama: Path, tmp_path: Path, eager: bool) -> None:
+    """CUDA servers run compiled or ``--enforce-eager``: id 0 is the embeddings in both
+    (eager needs ``vllm.eagle_mixin_capture_alias``), and the plugin's log line is the same."""
+    log = _extract_and_compare(tiny_llama, tmp_path, "llama-eager" if eager else "llama",
+                               eager=eager)
     assert "server-path adapters applied" in log
     applied = log.split("server-path adapters applied")[1].splitlines()[0]
     # The CPU build's writer adapter acts only on the CPU platform: not named on CUDA.
