@@ -18,6 +18,7 @@ eager and compiled)."""
 
 from __future__ import annotations
 
+import importlib
 import pickle
 import sys
 import textwrap
@@ -29,8 +30,11 @@ import pytest
 
 import speccompat
 from speccompat import registry
+from speccompat.layers import LayerIdError
 from speccompat.patching import applied
 from speccompat.record import ExtractionPath
+from speccompat.registry import SKIP_ENV
+from speccompat.server.adapters import extract_hidden_states_layer_ids as layer_ids
 from speccompat.server.adapters.kimi_linear_first_layer_alias import (
     ALIASING_CAPTURE,
     FIRST_RESIDUAL,
@@ -267,3 +271,46 @@ def test_the_adapter_waits_for_the_model_module() -> None:
     finally:
         speccompat.revert()
     assert ID not in applied()
+
+
+def _kimi_target(architecture: str) -> Any:
+    from transformers import PretrainedConfig
+
+    return PretrainedConfig(architectures=[architecture], num_hidden_layers=4,
+                            attn_res_block_size=None)
+
+
+def _draft(target: Any, ids: list[int]) -> Any:
+    config_class = getattr(importlib.import_module(layer_ids.CONFIG), layer_ids.CONFIG_CLASS)
+    return config_class(target, **{layer_ids.IDS: ids})
+
+
+@applies
+@pytest.mark.parametrize("architecture", ["KimiLinearForCausalLM",
+                                          "KimiK3ForConditionalGeneration"])
+def test_with_the_copy_the_layer_id_check_serves_id_0(architecture: str) -> None:
+    """vLLM's own ExtractHiddenStatesConfig with the layer-id check: id 0 passes where the
+    copy is applied in the process."""
+    _apply(ID, layer_ids.ID)
+    try:
+        assert getattr(_draft(_kimi_target(architecture), [4, 0, 2]), layer_ids.IDS) == [0, 2, 4]
+    finally:
+        speccompat.revert()
+
+
+@applies
+def test_skipped_the_copy_id_0_is_refused_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``SPECCOMPAT_SKIP=vllm.kimi_linear_first_layer_alias``: the plugin's selection skips
+    it, ``patching.applied()`` does not list it, and the check refuses id 0 as before."""
+    monkeypatch.setenv(SKIP_ENV, ID)
+    report = registry._apply(only=[ID, layer_ids.ID], paths=(ExtractionPath.SERVER,),
+                             judge_support=False)
+    try:
+        assert report.state_of(ID) is speccompat.State.SKIPPED, report
+        assert report.state_of(layer_ids.ID) is speccompat.State.APPLIED, report
+        with pytest.raises(LayerIdError, match="in-place update instead of the embeddings"):
+            _draft(_kimi_target("KimiLinearForCausalLM"), [0, 2, 4])
+        assert getattr(_draft(_kimi_target("KimiLinearForCausalLM"), [4, 2, 1]),
+                       layer_ids.IDS) == [1, 2, 4]
+    finally:
+        speccompat.revert()
