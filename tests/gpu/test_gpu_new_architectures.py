@@ -56,6 +56,8 @@ ENGINE = {"dtype": "bfloat16", "max_model_len": 1024, "gpu_memory_utilization": 
 ORACLE = Path(__file__).with_name("vllm_aux_oracle.py")
 ORACLE_SECONDS = 1500
 STREAM_ENV = "VLLM_KIMI_K3_AUX_ATTN_RES_STREAM"
+# Copies id 0 on KimiLinearModel without attention residuals (applied in every server here).
+KIMI_COPY = "vllm.kimi_linear_first_layer_alias"
 
 
 def _kimi_k3(path: Path) -> Path:
@@ -102,8 +104,9 @@ CASES = {
                     ("--limit-mm-per-prompt", json.dumps(_TEXT_ONLY["limit_mm_per_prompt"])),
                     _TEXT_ONLY, {"VLLM_KIMI_K3_GEMM_AR": "0"}),
     # Without attention residuals KimiLinearModel (Kimi-Linear's stack too) appends id 0 as the
-    # embeddings tensor itself, which its first layer then takes as its residual: the case of
-    # speccompat's eagle_mixin_capture_alias, in a stack that does not capture through the mixin.
+    # embeddings tensor itself, which its first layer then takes as its residual and adds into
+    # in place: speccompat's kimi_linear_first_layer_alias gives that layer a copy, and the
+    # layer-id check serves id 0 where it is applied (refused where it is skipped).
     "kimi_k3_no_attn_res": Case("kimi_k3", "KimiK3ForConditionalGeneration",
                                 _kimi_k3_no_attn_res, (
                                     "--limit-mm-per-prompt",
@@ -211,13 +214,15 @@ def _served_ids(case: Case, n: int, model: Path) -> list[int]:
 
     first = adapter_applies("vllm.deepseek_first_layer_residual")[0]
     final = adapter_applies("vllm.deepseek_final_layer_capture")[0]
+    kimi_copy = adapter_applies(KIMI_COPY)[0]
     # The fields the rule reads (Kimi's attn_res_block_size under text_config), from the
     # file: transformers has no class for these model types.
     raw = json.loads((model / "config.json").read_text())
     text = SimpleNamespace(**raw.get("text_config", raw))
     config = SimpleNamespace(**{**raw, "text_config": text})
     ids = servable_aux_ids(case.architecture, n, vllm.__version__, first_id_repaired=first,
-                           final_id_repaired=final, config=config)
+                           final_id_repaired=final, kimi_first_id_copied=kimi_copy,
+                           config=config)
     return list(range(ids.low, ids.high + 1))
 
 
@@ -365,10 +370,16 @@ def _semantics(label: str, states: list[Any], reference: list[dict[str, Any]],
 def test_serve_every_id(name: str, eager: bool, models_dir: Path, tmp_path: Path) -> None:
     """Ids 0..N as speccompat accepts them, the stock connector, two prompts: every file whole,
     no zero row, no slot a copy of another, each slot the model's own capture (the reference's
-    ``default``), id 0 the embeddings bit for bit."""
+    ``default``), id 0 the embeddings bit for bit. Kimi-K3 with attention residuals off
+    (``kimi_k3_no_attn_res``, Kimi-Linear's path) serves id 0 through speccompat's
+    ``kimi_linear_first_layer_alias``: without it its first layer adds into the captured
+    embeddings (the reference process, which runs vLLM alone, shows that:
+    ``test_in_process_capture_matches_the_layers[kimi_k3_no_attn_res]``)."""
     case, model = CASES[name], _model(name, models_dir)
     n = _num_layers(model)
     ids = _served_ids(case, n, model)
+    if case.arch == "kimi_k3":
+        assert ids == list(range(n + 1)), f"{name}: speccompat serves ids {ids}, not 0..{n}"
     mode = "eager" if eager else "compiled"
     states, log = _serve(name, model, tmp_path, ids, eager=eager, env={})
     reference = _oracle(name, models_dir)["results"]
@@ -378,13 +389,19 @@ def test_serve_every_id(name: str, eager: bool, models_dir: Path, tmp_path: Path
     lines += [f"{label} log: {fact}" for fact in _facts(log)]
     _record([f"{label}: ids {ids} (N = {n})", *lines, *[f"PROBLEM {p}" for p in problems]])
     assert "server-path adapters applied" in log
+    if case.arch == "kimi_k3":
+        applied = re.search(r"server-path adapters applied: ([^\n]*)", log)
+        assert applied is not None and KIMI_COPY in applied.group(1), log[-3000:]
     assert not problems, "\n".join(problems)
 
 
-def test_kimi_linear_style_id_0_stops_the_server(models_dir: Path, tmp_path: Path) -> None:
-    """Kimi-K3 with attention residuals off (Kimi-Linear's path through ``KimiLinearModel``):
+def test_kimi_linear_style_id_0_without_the_copy_stops_the_server(models_dir: Path,
+                                                                  tmp_path: Path) -> None:
+    """Kimi-K3 with attention residuals off (Kimi-Linear's path through ``KimiLinearModel``)
+    and speccompat's copy of id 0 skipped (``SPECCOMPAT_SKIP=vllm.kimi_linear_first_layer_alias``):
     asked for id 0 the server stops at start-up with speccompat's ``LayerIdError``, which
-    names the cause and the ids that are served (1..N, test_serve_every_id)."""
+    names the cause and the ids that are served (1..N); with the copy, test_serve_every_id
+    serves 0..N."""
     name = "kimi_k3_no_attn_res"
     model = _model(name, models_dir)
     n = _num_layers(model)
@@ -392,14 +409,14 @@ def test_kimi_linear_style_id_0_stops_the_server(models_dir: Path, tmp_path: Pat
         with pytest.raises(RuntimeError, match="exited"), \
                 serving.serve(model, tmp_path, [0, 1, n], *GPU_ARGS, *CASES[name].serve_args,
                               env={"VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"),
-                                   **CASES[name].env}):
+                                   **CASES[name].env, "SPECCOMPAT_SKIP": KIMI_COPY}):
             pass
     finally:
-        _keep(tmp_path / "server.log", f"{name}-id0-refused")
+        _keep(tmp_path / "server.log", f"{name}-id0-refused-without-the-copy")
     log = (tmp_path / "server.log").read_text(errors="replace")
     refused = "speccompat refuses the extract_hidden_states layer ids: LayerIdError" in log
-    _record([f"{name} ids [0, 1, {n}]: server stopped with LayerIdError: {refused}; "
-             f"names the in-place update: {'in-place update' in log}"])
+    _record([f"{name} ids [0, 1, {n}], {KIMI_COPY} skipped: server stopped with LayerIdError: "
+             f"{refused}; names the in-place update: {'in-place update' in log}"])
     assert refused, log[-3000:]
     assert "in-place update instead of the embeddings" in log, log[-3000:]
 

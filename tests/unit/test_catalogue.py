@@ -168,5 +168,6 @@ def test_the_edge_id_names_the_layer_id_check_asks_for_are_adapters() -> None:
 
     ids = {adapter.id for adapter in speccompat.catalogue()}
     assert {aux_edges.LLAMA_FAMILY_EDGE_IDS, aux_edges.DEEPSEEK_FIRST_LAYER_RESIDUAL,
-            aux_edges.DEEPSEEK_FINAL_LAYER_CAPTURE} <= ids
+            aux_edges.DEEPSEEK_FINAL_LAYER_CAPTURE,
+            aux_edges.KIMI_LINEAR_FIRST_LAYER_ALIAS} <= ids
     assert llama_family_edge_ids.ARCHITECTURES is aux_edges.LLAMA_FAMILY

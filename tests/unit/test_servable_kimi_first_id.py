@@ -1,7 +1,9 @@
-"""Id 0 on vLLM's KimiLinearModel stack (Kimi-Linear, Kimi-K3/K3.1): refused at start-up
-where the capture aliases the embeddings the first layer updates in place (no attention
-residuals), served where attention residuals are on. The upstream capture itself is pinned
-in tests/contract/server/test_kimi_linear_id0_alias.py."""
+"""Id 0 on vLLM's KimiLinearModel stack (Kimi-Linear, Kimi-K3/K3.1): served where
+speccompat's copy (``vllm.kimi_linear_first_layer_alias``) is applied in the process; without
+it, refused at start-up where the capture aliases the embeddings the first layer updates in
+place (no attention residuals); served where attention residuals are on. The upstream capture
+itself is pinned in tests/contract/server/test_kimi_linear_id0_alias.py, the copy in
+tests/contract/server/test_kimi_linear_first_layer_alias.py."""
 
 from __future__ import annotations
 
@@ -120,3 +122,70 @@ def test_the_rule_has_its_record() -> None:
     for field in (RULE.what, RULE.why, RULE.upstream_ref, RULE.versions, RULE.remove_when):
         assert field.strip()
     assert "kimi_k3/nvidia/model.py" in RULE.upstream_ref
+
+
+@pytest.mark.parametrize("architecture", [LINEAR, K3, K31])
+@pytest.mark.parametrize("vllm", ["0.34.0", "0.35.0.dev3+gabc"])
+def test_with_the_copy_id_0_is_served(architecture: str, vllm: str) -> None:
+    """``kimi_first_id_copied``: the layer-id adapter found the copy applied in the process."""
+    servable = servable_aux_ids(architecture, 4, vllm, kimi_first_id_copied=True,
+                                config=_k3(None))
+    assert (servable.low, servable.high, servable.limits) == (0, 4, ())
+    assert servable.check([4, 0, 2], IDS) == [0, 2, 4]
+
+
+def test_the_copy_lifts_only_the_kimi_refusal() -> None:
+    """It says nothing about DeepSeek's id 0 (its own adapter's flag) or DeepSeek-V4's."""
+    deepseek = servable_aux_ids("KimiK25ForConditionalGeneration", 4, "0.34.0",
+                                kimi_first_id_copied=True, config=_text(None))
+    assert deepseek.low == 1
+    v4 = servable_aux_ids("DeepseekV4ForCausalLM", 4, "0.34.0", first_id_repaired=True,
+                          kimi_first_id_copied=True)
+    assert v4.low == 1
+    assert servable_aux_ids(LINEAR, 4, "0.26.0", kimi_first_id_copied=True,
+                            config=_text(None)).low == 0
+
+
+def test_without_the_copy_the_refusal_text_is_unchanged() -> None:
+    """``SPECCOMPAT_SKIP=vllm.kimi_linear_first_layer_alias`` (or its probe failing): the
+    layer-id adapter passes ``kimi_first_id_copied=False``, the default."""
+    copied = servable_aux_ids(LINEAR, 4, "0.34.0", kimi_first_id_copied=True,
+                              config=_text(None))
+    refused = servable_aux_ids(LINEAR, 4, "0.34.0", kimi_first_id_copied=False,
+                               config=_text(None))
+    assert refused == servable_aux_ids(LINEAR, 4, "0.34.0", config=_text(None))
+    assert copied.low == 0 and refused.low == 1
+    with pytest.raises(LayerIdError, match="in-place update instead of the embeddings"):
+        refused.check([0, 2, 4], IDS)
+
+
+class _Target(SimpleNamespace):
+    def get_text_config(self) -> SimpleNamespace:
+        return self.text_config  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(("active", "low"), [
+    ((), 1),
+    (("vllm.kimi_linear_first_layer_alias",), 0),
+    (("vllm.deepseek_first_layer_residual", "vllm.deepseek_final_layer_capture"), 1),
+])
+def test_the_layer_id_check_asks_whether_the_copy_is_applied(
+        monkeypatch: pytest.MonkeyPatch, active: tuple[str, ...], low: int) -> None:
+    """``checked_slots`` reads the adapters applied in this process (``patching.applied()``,
+    where a skipped or failed adapter is not): id 0 passes only with the copy."""
+    import sys
+    import types
+
+    from speccompat.server.adapters import extract_hidden_states_layer_ids as layer_ids
+
+    monkeypatch.setattr(layer_ids, "applied", lambda: active)
+    target = _Target(architectures=[K3], text_config=_text(None))
+    # checked_slots reads vllm.__version__; a stand-in, gone again before the test ends.
+    with monkeypatch.context() as patch:
+        patch.setitem(sys.modules, "vllm", types.SimpleNamespace(__version__="0.34.0"))
+        if low == 0:
+            assert layer_ids.checked_slots(target, [0, 4]) == [0, 4]
+        else:
+            with pytest.raises(LayerIdError, match="in-place update instead of the embeddings"):
+                layer_ids.checked_slots(target, [0, 4])
+        assert layer_ids.checked_slots(target, [4, 1]) == [1, 4]

@@ -34,6 +34,9 @@ AUX_LAYERS = "aux_hidden_state_layers"
 LLAMA_FAMILY_EDGE_IDS = "vllm.llama_family_edge_ids"
 DEEPSEEK_FIRST_LAYER_RESIDUAL = "vllm.deepseek_first_layer_residual"
 DEEPSEEK_FINAL_LAYER_CAPTURE = "vllm.deepseek_final_layer_capture"
+# Copies id 0 on vLLM's KimiLinearModel stack (Kimi-Linear, Kimi-K3/K3.1) without attention
+# residuals: applied, the layer-id check serves id 0 there (``kimi_first_id``).
+KIMI_LINEAR_FIRST_LAYER_ALIAS = "vllm.kimi_linear_first_layer_alias"
 # The architectures whose stacks ``vllm.llama_family_edge_ids`` patches (LlamaModel,
 # Qwen2Model): the layer-id check serves 0..N there where it is applied.
 LLAMA_FAMILY = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",

@@ -1,4 +1,5 @@
-"""Id 0 on vLLM's Kimi-Linear stack: refused where the capture aliases the embeddings.
+"""Id 0 on vLLM's Kimi-Linear stack: refused where the capture aliases the embeddings and
+speccompat's copy (``vllm.kimi_linear_first_layer_alias``) is not applied.
 
 vLLM's ``KimiLinearModel`` (``vllm/models/kimi_k3/nvidia/model.py``, 0.27.0 to 0.34.0 at
 least; the stack of ``KimiLinearForCausalLM``, ``KimiK3ForConditionalGeneration`` and
@@ -19,11 +20,15 @@ bit-equal. With attention residuals on (real K3) the embeddings go to ``prefix_s
 served eager run wrote id 0 bit-equal to the embeddings. Compiled mode was not measured.
 
 ``vllm.eagle_mixin_capture_alias`` copies id 0 only where the mixin's method appends it, so
-it does not reach this stack; a copy of id 0 here cannot be verified without a GPU yet.
-Until one is, speccompat refuses id 0 for these configs at start-up (``servable_aux_ids``,
-through ``ExtractHiddenStatesConfig``), with a :class:`~speccompat.layers.LayerIdError` that
-says why and to leave id 0 out; ids 1..N are captured as ``hidden_states + residual``, a
-tensor of their own, and are served.
+it does not reach this stack; ``vllm.kimi_linear_first_layer_alias`` does: it gives the first
+``KimiDecoderLayer`` a copy of its input, so the captured embeddings are never added into, and
+where it is applied in the process (``servable_aux_ids(..., kimi_first_id_copied=True)``, from
+the layer-id adapter's ``patching.applied()``) id 0 is served. This rule is the fallback where
+the copy is not applied (``SPECCOMPAT_SKIP=vllm.kimi_linear_first_layer_alias``, its probe
+failing on a newer vLLM): speccompat then refuses id 0 for these configs at start-up
+(``servable_aux_ids``, through ``ExtractHiddenStatesConfig``), with a
+:class:`~speccompat.layers.LayerIdError` that says why and to leave id 0 out; ids 1..N are
+captured as ``hidden_states + residual``, a tensor of their own, and are served either way.
 
 Per release (model sources, ``tools/wheel_source.py``):
 
@@ -57,7 +62,8 @@ class IdRule:
 
 
 RULE = IdRule(
-    what="id 0 is refused on vLLM's KimiLinearModel stack without attention residuals",
+    what="id 0 is refused on vLLM's KimiLinearModel stack without attention residuals "
+    "where vllm.kimi_linear_first_layer_alias (the copy of id 0) is not applied",
     why="KimiLinearModel.forward appends the embeddings tensor itself as id 0, and the first "
     "KimiDecoderLayer takes it as its residual and adds into it in place: id 0 would hold the "
     "first layer's in-place update (H200, vLLM 0.34.0, eager: max |diff| 4.18-4.44 from the "
@@ -69,7 +75,8 @@ RULE = IdRule(
     versions="KimiK3ForConditionalGeneration >= 0.27.0, KimiLinearForCausalLM >= 0.28.0, "
     "KimiK31ForConditionalGeneration >= 0.34.0; every release to 0.34.0 (the latest read)",
     remove_when="vLLM's KimiLinearModel captures a copy of id 0 (or the first layer stops "
-    "adding into it), or speccompat ships a copy of id 0 for this stack verified on a GPU",
+    "adding into it); until then it is the fallback where vllm.kimi_linear_first_layer_alias "
+    "is skipped or its probe fails",
 )
 
 # Architecture -> the first vLLM release whose KimiLinearModel serves it EAGLE-3 aux states.
@@ -101,9 +108,11 @@ def attention_residuals(architecture: str, config: object | None) -> bool:
 
 def first_id_limit(architecture: str, num_layers: int, version: Version,
                    config: object | None = None) -> str | None:
-    """Why id 0 cannot be served for ``architecture`` on vLLM ``version`` (a base version),
-    or ``None`` where it can (another architecture, an older release, attention residuals
-    on). ``config``: the target model's config (top-level or text)."""
+    """Why id 0 cannot be served for ``architecture`` on vLLM ``version`` (a base version)
+    without speccompat's copy, or ``None`` where it can (another architecture, an older
+    release, attention residuals on). ``config``: the target model's config (top-level or
+    text). ``servable_aux_ids`` asks only where ``vllm.kimi_linear_first_layer_alias`` is not
+    applied."""
     first = FIRST_RELEASE.get(architecture)
     if first is None or version < first or attention_residuals(architecture, config):
         return None

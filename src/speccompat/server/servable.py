@@ -57,6 +57,7 @@ class ServableIds:
 def servable_aux_ids(architecture: str, num_layers: int, vllm_version: str, *,
                      first_id_repaired: bool = False,
                      final_id_repaired: bool = False,
+                     kimi_first_id_copied: bool = False,
                      config: object | None = None) -> ServableIds:
     """Which ``eagle_aux_hidden_state_layer_ids`` vLLM's ``extract_hidden_states`` serves for
     ``architecture`` on ``vllm_version`` (id k = input of decoder layer k, id
@@ -85,8 +86,10 @@ def servable_aux_ids(architecture: str, num_layers: int, vllm_version: str, *,
     process that runs the model, so those ids are served after all.
 
     ``config``: the target model's config. Kimi-Linear and Kimi-K3/K3.1 (vLLM's
-    ``KimiLinearModel``) without attention residuals: no id 0 (``kimi_first_id``), whatever
-    the flags say.
+    ``KimiLinearModel``) without attention residuals: id 0 only where
+    ``kimi_first_id_copied`` (speccompat's ``kimi_linear_first_layer_alias`` is applied in
+    the process that runs the model), refused otherwise (``kimi_first_id``); the DeepSeek
+    and 0.17 flags do not lift that refusal.
     """
     from packaging.version import Version
 
@@ -119,7 +122,7 @@ def servable_aux_ids(architecture: str, num_layers: int, vllm_version: str, *,
         if not final_id_repaired:
             high = n - 1
             limits.append(f"id {n}, the final pre-norm state, needs vLLM >= 0.18.0")
-    kimi = first_id_limit(architecture, n, version, config)
+    kimi = None if kimi_first_id_copied else first_id_limit(architecture, n, version, config)
     if kimi is not None:
         low = max(low, 1)
         limits.append(kimi)

@@ -2,14 +2,16 @@
 stack of ``KimiLinearForCausalLM`` and Kimi-K3/K3.1) appends id 0 itself: without attention
 residuals the embeddings tensor, no copy, which the first ``KimiDecoderLayer`` takes as its
 residual and adds into in place (fused add-RMSNorm). Seen on an H200 with vLLM 0.34.0, eager:
-id 0 off the embeddings by max |diff| 4.18-4.44, ids 1..6 bit-equal. ``servable_aux_ids``
-refuses id 0 there (``server/kimi_first_id.py``) until a copy is verified on a GPU.
+id 0 off the embeddings by max |diff| 4.18-4.44, ids 1..6 bit-equal. speccompat's
+``vllm.kimi_linear_first_layer_alias`` copies id 0 there
+(tests/contract/server/test_kimi_linear_first_layer_alias.py); without it ``servable_aux_ids``
+refuses id 0 (``server/kimi_first_id.py``, the fallback pinned here).
 
 These tests read the installed vLLM's source (the module is not imported: the NVIDIA model
 pulls CUDA-only kernels) and tie what they find to the table: where the aliasing capture and
-the in-place first layer are there, id 0 is refused without attention residuals and served
-with them; where vLLM copies id 0 (or the capture moves), they fail, and the rule is due for
-removal."""
+the in-place first layer are there, id 0 is refused without attention residuals (and
+without the copy) and served with them; where vLLM copies id 0 (or the capture moves), they
+fail, and the rule is due for removal."""
 
 from __future__ import annotations
 

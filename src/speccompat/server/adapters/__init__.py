@@ -24,6 +24,7 @@ from . import (
     hidden_states_connector_write_per_step,
     hidden_states_connector_zero_rows,
     hs_connectors_internals_missing,
+    kimi_linear_first_layer_alias,
     llama_family_edge_ids,
 )
 
@@ -39,6 +40,7 @@ ADAPTERS: tuple[Adapter, ...] = (
     hidden_states_connector_chunked_prefill.ADAPTER,
     hidden_states_connector_write_per_step.ADAPTER,
     eagle_mixin_capture_alias.ADAPTER,
+    kimi_linear_first_layer_alias.ADAPTER,
     deepseek_final_layer_capture.ADAPTER,
     deepseek_first_layer_residual.ADAPTER,
     llama_family_edge_ids.ADAPTER,

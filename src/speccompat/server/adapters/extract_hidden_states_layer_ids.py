@@ -20,8 +20,9 @@ engine configuration is made (``SpeculativeConfig``; 0.34's
 ``eagle3_utils.get_eagle3_aux_layers_from_config``, both proposers' buffers, the
 connector's cache spec) reads the ids from it. After vLLM's ``__init__`` the ids are checked
 against :func:`speccompat.server.servable.servable_aux_ids` (counting the first and final ids as
-served where speccompat's adapters for them, DeepSeek's or 0.17's
-``llama_family_edge_ids``, are applied) and replaced by their slot order
+served where speccompat's adapters for them, DeepSeek's, 0.17's ``llama_family_edge_ids``
+or Kimi-Linear's ``kimi_linear_first_layer_alias``, are applied in this process:
+``patching.applied()``) and replaced by their slot order
 (:func:`speccompat.layers.aux_slot_order`), with one server-log line naming the slots. A bad
 id stops ``vllm serve`` before any engine starts; vLLM's config validation wraps the
 :class:`~speccompat.layers.LayerIdError` in a pydantic ``ValidationError`` with the same
@@ -57,6 +58,7 @@ from ...versions import spec
 from ..aux_edges import (
     DEEPSEEK_FINAL_LAYER_CAPTURE,
     DEEPSEEK_FIRST_LAYER_RESIDUAL,
+    KIMI_LINEAR_FIRST_LAYER_ALIAS,
     LLAMA_FAMILY,
     LLAMA_FAMILY_EDGE_IDS,
 )
@@ -94,6 +96,7 @@ def checked_slots(target: Any, ids: Any) -> list[int] | None:
         final = DEEPSEEK_FINAL_LAYER_CAPTURE in active
     servable = servable_aux_ids(architecture, layers, vllm.__version__,
                                 first_id_repaired=first, final_id_repaired=final,
+                                kimi_first_id_copied=KIMI_LINEAR_FIRST_LAYER_ALIAS in active,
                                 config=target)
     return servable.check(ids, f"{IDS} {list(ids)} for {architecture} on vLLM {vllm.__version__}")
 
