@@ -450,6 +450,10 @@ def test_kimi_k3_stream_mode_serves_layer_inputs(models_dir: Path, tmp_path: Pat
     assert not problems, "\n".join(problems)
 
 
+# Stacks whose own id-0 capture vLLM 0.34.0 updates in place (vllm.kimi_linear_first_layer_alias).
+ALIASED_FIRST_ID = {"kimi_k3_no_attn_res"}
+
+
 @pytest.mark.parametrize("name", ["kimi_k3", "kimi_k3_no_attn_res", "deepseek_v4",
                                   "deepseek_v4_swa"])
 def test_in_process_capture_matches_the_layers(name: str, models_dir: Path) -> None:
@@ -460,7 +464,7 @@ def test_in_process_capture_matches_the_layers(name: str, models_dir: Path) -> N
     kernels run on this GPU at all (``deepseek_v4_swa``: without the compressor and the
     indexer). Eager, as an ``--enforce-eager`` server runs: where the model appends a tensor a
     later layer updates in place (``kimi_k3_no_attn_res``, id 0), its capture differs from the
-    hook's copy."""
+    hook's copy, and the test requires that it still does (the reference is vLLM alone)."""
     data = _oracle(name, models_dir)
     n = len(data["request"]["aux_ids"]) - 1
     facts = data["facts"]
@@ -482,7 +486,13 @@ def test_in_process_capture_matches_the_layers(name: str, models_dir: Path) -> N
         for state, layer in zip(captured, captures, strict=True):
             diff = float((state.float() - default[layer].float()).abs().max())
             lines.append(f"{where} id {layer}: model capture vs hooks max |diff| {diff:.3e}")
-            if diff != 0.0:
+            if name in ALIASED_FIRST_ID and layer == 0:
+                # vLLM alone (the reference runs without speccompat): the first layer adds
+                # into the captured embeddings; the day this is 0, vLLM copies id 0 itself
+                # and vllm.kimi_linear_first_layer_alias can go.
+                if diff == 0.0:
+                    problems.append(f"{where}: id 0 is no longer updated in place by vLLM")
+            elif diff != 0.0:
                 problems.append(lines[-1])
         zero = [layer for state, layer in zip(captured, captures, strict=True)
                 if bool((state == 0).all(dim=-1).any())]
