@@ -12,7 +12,9 @@ lacks.
   tools/cpu_env.py says of forking on CPU. A skip, a failure or an error in the child is
   raised again in the parent, with the child's own exception where it pickles. The second
   is vLLM's two-device test: on this machine the tensor-parallel ranks are CPU processes,
-  so it asks for that many CPU cores instead of GPUs.
+  so it asks for that many CPU cores instead of GPUs. :func:`multi_cuda_gpu_test` is the
+  same decorator for the copies that run on a CUDA host (vllm_v0.34.0: vLLM 0.34.0 has no
+  CPU build): it asks for that many CUDA devices.
 - :func:`save_tokenizer`: the tokenizer the tests downloaded from the model hub
   (``TinyLlama/TinyLlama-1.1B-Chat-v1.0``), here ``tests/tiny_models.build_tokenizer``'s
   word-level tokenizer (512 ids, ``<s>`` prepended): the predictable model's vocabulary is
@@ -204,6 +206,23 @@ def multi_gpu_test(*, num_gpus: int) -> Callable[[F], F]:
 
     return wrapper
 
+
+def multi_cuda_gpu_test(*, num_gpus: int) -> Callable[[F], F]:
+    """vLLM's ``multi_gpu_test`` for the copies that run on a CUDA host: the test in its own
+    process, skipped where fewer than ``num_gpus`` CUDA devices are visible, counted as
+    vLLM's own ``multi_gpu_test`` counts them (the CUDA platform's stateless count, which
+    starts no CUDA context in this process); none where vLLM's platform is not CUDA."""
+    from vllm.platforms import current_platform
+
+    gpus = current_platform.device_count() if current_platform.is_cuda() else 0
+    skip = pytest.mark.skipif(gpus < num_gpus,
+                              reason=f"Need at least {num_gpus} CUDA GPUs for {num_gpus} "
+                              f"tensor-parallel ranks (this machine has {gpus})")
+
+    def wrapper(func: F) -> F:
+        return skip(spawn_new_process_for_each_test(func))  # type: ignore[no-any-return]
+
+    return wrapper
 
 
 def qwen3_0_6b_stand_in() -> str:
