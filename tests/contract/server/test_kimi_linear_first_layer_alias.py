@@ -83,7 +83,14 @@ class _Norm:
         if self.kernel == "vllm_c":
             from vllm import _custom_ops as ops
 
-            ops.fused_add_rms_norm(x, residual, torch.ones(HIDDEN), EPS)
+            if torch.cuda.is_available():  # the CUDA wheel has the kernel for CUDA only
+                on_gpu, residual_on_gpu = x.cuda(), residual.cuda()
+                ops.fused_add_rms_norm(on_gpu, residual_on_gpu,
+                                       torch.ones(HIDDEN, device="cuda"), EPS)
+                x.copy_(on_gpu.cpu())  # in place, as the kernel is on the tensors it is given
+                residual.copy_(residual_on_gpu.cpu())
+            else:
+                ops.fused_add_rms_norm(x, residual, torch.ones(HIDDEN), EPS)
         else:
             residual.add_(x)
             x.copy_(_rms(residual))
