@@ -33,10 +33,8 @@ pytestmark = [requires_vllm, requires_cuda]
 
 LAYER_IDS = [1, 2, 4]  # N = num_hidden_layers = 4: the final pre-norm state
 LENGTHS = [5, 40, 300, 700]  # the H200 run's prompts
-# A fixed KV cache: beside other servers (pytest -n) vLLM's memory profiling fails at start-up
-# (seen on 0.34.0 with three of these servers at once; test_gpu_server_path.py).
 FLAGS = ("--gdn-prefill-backend", "triton", "--moe-backend", "triton",
-         "--gpu-memory-utilization", "0.3", "--kv-cache-memory-bytes", "1073741824")
+         "--gpu-memory-utilization", "0.3")
 # Where vLLM 0.24 read wrongly on the H200 (vLLM's groups for m1: linear attention 1024,
 # full attention 144, hidden states 96; m2: connector 80 against 106).
 CASES = {
