@@ -21,6 +21,8 @@ Run on a CUDA host with vLLM and speculators installed:
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -90,13 +92,25 @@ def _extract(case: str, path: Path, workdir: Path, prompts: list[list[int]], *,
              speccompat_on: bool) -> tuple[list[Any], str]:
     """Each prompt through ``/v1/completions`` (token ids, ``max_tokens=1``); per prompt the
     file's ``hidden_states`` (``None`` where no file was written), and the server's log."""
-    from safetensors.torch import load_file
-
     import serving
     env = {} if speccompat_on else {"SPECCOMPAT_DISABLE": "1"}
     _, executor = CASES[case]
+    try:
+        return _extract_from(serving.serve(path, workdir, LAYER_IDS, *FLAGS, *executor, env=env),
+                             prompts)
+    finally:  # pytest-xdist keeps no output: the server's log is the record of a slow start
+        if (folder := os.environ.get("SPECCOMPAT_GPU_LOGS")) and (workdir / "server.log").exists():
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            shutil.copy(workdir / "server.log", Path(folder) /
+                        f"hybrid-{case}-{'with' if speccompat_on else 'without'}.log")
+
+
+def _extract_from(server: Any, prompts: list[list[int]]) -> tuple[list[Any], str]:
+    from safetensors.torch import load_file
+
+    import serving
     found: list[Any] = []
-    with serving.serve(path, workdir, LAYER_IDS, *FLAGS, *executor, env=env) as running:
+    with server as running:
         for prompt in prompts:
             status, body = running.completion(prompt)
             assert status == 200, (status, body, running.log_tail())
