@@ -1,0 +1,8 @@
+# source with the repo root as $1: the environment every step on the H200 runs in
+REPO=$1
+SP=$(env -u PYTHONPATH python3 -c "import torch,os;print(os.path.dirname(os.path.dirname(torch.__file__)))")
+NVLIBS=$(ls -d $SP/nvidia/*/lib $SP/nvidia/cu13/lib 2>/dev/null | tr '\n' ':')
+export LD_LIBRARY_PATH=/tmp/site/nvidia/nccl/lib:${NVLIBS}${LD_LIBRARY_PATH:-}
+export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$REPO/tests
+export VLLM_USE_FLASHINFER_SAMPLER=0 SPECCOMPAT_GPU_LOGS=/tmp/gpulogs PYTHONUNBUFFERED=1
+export PATH=/usr/local/cuda/bin:$PATH CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
