@@ -177,6 +177,27 @@ def test_ipex_import_error() -> None:
     assert "import intel_extension_for_pytorch" in cells.OPS_LOAD_CHECK
 
 
+def _ops_load_problem(child: str) -> str:
+    namespace: dict[str, Any] = {}
+    exec(cells.OPS_LOAD_PROBE, namespace)
+    return str(namespace["ops_load_problem"](child))
+
+
+def test_ops_load_probe_names_an_illegal_instruction() -> None:
+    """A wheel built for instructions the CPU lacks dies by SIGILL on import: that is a
+    reason the cell cannot run models here, not a crash of the check."""
+    problem = _ops_load_problem("import os, signal; os.kill(os.getpid(), signal.SIGILL)")
+    assert problem.startswith("illegal instruction (SIGILL) importing vllm._C"), problem
+    assert "avx512f" in problem
+
+
+def test_ops_load_probe_keeps_the_glibc_rule() -> None:
+    child = "raise ImportError(\"/lib/libc.so.6: version `GLIBC_2.38' not found\")"
+    assert _ops_load_problem(child) == "/lib/libc.so.6: version `GLIBC_2.38' not found"
+    assert _ops_load_problem("raise ImportError('something else')") == ""
+    assert _ops_load_problem("pass") == ""
+
+
 def test_ops_load_error() -> None:
     assert cells.ops_load_error("") == ""
     assert cells.ops_load_error("something else\n") == ""
