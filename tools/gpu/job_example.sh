@@ -1,6 +1,7 @@
 #!/bin/bash
 # A detached job for the H200 (launch.sh starts it from /tmp/repo; logs go to /tmp/gpulogs).
-# The 2026-12-05 plan: the GPU tests, vLLM's extraction tests, then issue #37's benches.
+# The plan: the hybrid test alone (it never finished beside other servers), the GPU tests,
+# vLLM's extraction tests, then issue #37's benches.
 # Each step has its own limit; poll.sh brings back what is there whenever it is called.
 set -u
 cd /tmp/repo && source .gpu/c2/env.sh /tmp/repo
@@ -9,16 +10,17 @@ step() { echo "$(date -u +%T) $*"; }
 step start
 python3 -c "import vllm, torch, speculators; print(vllm.__version__, torch.__version__, speculators.__version__)" \
     > /tmp/gpulogs/facts.txt 2>&1
+# Issue #35's last item first: the hybrid servers, one at a time, alone on the GPU.
+timeout ${HYBRID_S:-360} python3 -m pytest -p no:cacheprovider -v -rs \
+    tests/gpu/test_hybrid_zero_rows.py > /tmp/gpulogs/hybrid.log 2>&1; step "hybrid rc $?"
 # The server adapters' contract tests on the CUDA wheel, beside the GPU tests.
 (timeout 150 python3 -m pytest -p no:cacheprovider -q -rs tests/contract/server \
     > /tmp/gpulogs/contract.log 2>&1; step "contract rc $?") &
-# The GPU tests. The hybrid servers are run one at a time (-n 1) in a step of their own.
+# The other GPU tests, three at a time.
 timeout ${TESTS_S:-480} python3 -m pytest -p no:cacheprovider -v -rs -n 3 --dist loadgroup \
     tests/gpu/test_gpu_server_path.py tests/gpu/test_gpu_layer_ids.py \
     tests/gpu/test_gpu_new_architectures.py > /tmp/gpulogs/tests.log 2>&1
 step "tests rc $?"; wait
-timeout ${HYBRID_S:-360} python3 -m pytest -p no:cacheprovider -v -rs \
-    tests/gpu/test_hybrid_zero_rows.py > /tmp/gpulogs/hybrid.log 2>&1; step "hybrid rc $?"
 # vLLM's own extraction tests (carried to 0.34.0) with speccompat installed.
 PYTHONPATH=$PYTHONPATH:/tmp/repo/tests/upstream:/tmp/repo/tests/upstream/vllm_v0.34.0 \
     timeout ${UP_S:-300} python3 -m pytest -p no:cacheprovider -v -rs tests/upstream/vllm_v0.34.0 \
