@@ -17,11 +17,12 @@ import speccompat
 from speccompat.versions import spec
 
 
-def _has_amx() -> bool:
-    """AMX tiles, from the kernel's CPU flags (torch 2.11 has no _is_amx_tile_supported)."""
+def _has_cpu_flag(flag: str) -> bool:
+    """Whether the kernel's CPU flags list ``flag`` (torch 2.11 has no
+    _is_amx_tile_supported; vLLM picks its AVX2 library where ``avx512f`` is missing)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            return any(line.startswith("flags") and " amx_tile" in line for line in cpuinfo)
+            return any(line.startswith("flags") and f" {flag}" in line for line in cpuinfo)
     except OSError:
         return False
 
@@ -32,6 +33,7 @@ class CpuBuildBug:
     vllm: str = ""  # the releases it was measured on, as a specifier; "" for any
     ipex_only: bool = False  # only builds that ship intel_extension_for_pytorch
     amx_only: bool = False  # only on processors with AMX tiles
+    without_avx512_only: bool = False  # only on processors without AVX-512 (vLLM's AVX2 library)
     transformers: str = ""  # the transformers releases it was measured with; "" for any
 
     def present(self) -> bool:
@@ -40,7 +42,9 @@ class CpuBuildBug:
             return False
         if self.vllm and env.vllm.version not in spec(self.vllm):
             return False
-        if self.amx_only and not _has_amx():
+        if self.amx_only and not _has_cpu_flag("amx_tile"):
+            return False
+        if self.without_avx512_only and _has_cpu_flag("avx512f"):
             return False
         if self.transformers and (env.transformers is None
                                   or env.transformers.version not in spec(self.transformers)):
@@ -133,6 +137,15 @@ def server_path_blocker() -> str:
 MOE_FP32_NEEDS_CURRENT_CONFIG = CpuBuildBug(
     "a float32 MoE forward asks for a current vLLM config inside the worker",
     vllm=">=0.20.0,<0.23.0")
+# Measured on 0.22.0 on an AMD EPYC without AVX-512 (2026-12-05: the tiny DeepSeek V3 and
+# Kimi-K2.5 in the generator's worker, the llama_4_scaling DeepSeek in an LLM): there vLLM
+# loads its _C_AVX2 library, which has no grouped MoE kernel (no prepack_moe_weight in 0.20.0,
+# 0.21.0, 0.22.0 and 0.22.1's, read from the wheels; 0.32.0's has it), so bf16 MoE layers take
+# the torch path above too and fail the same way. On CPUs with AVX-512 bf16 runs.
+MOE_WITHOUT_AVX512_NEEDS_CURRENT_CONFIG = CpuBuildBug(
+    "on a CPU without AVX-512 every MoE forward takes the torch path that asks for a current "
+    "vLLM config inside the worker (the AVX2 library has no grouped MoE kernel)",
+    vllm=">=0.20.0,<0.23.0", without_avx512_only=True)
 # Measured on 0.29.0 and 0.32.0 (0.26.0 runs it; 0.27-0.28 not run): a hybrid (Mamba-style)
 # model's first request launches the Triton kernel precopy_mamba_align_fused_kernel[grid] in
 # mamba_utils, which the CPU build's Triton stub turns into a plain function ("'function'

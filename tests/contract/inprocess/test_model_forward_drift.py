@@ -106,6 +106,8 @@ def engine(tiny_deepseek_llama4_scaling: Path) -> Iterator[Any]:
     args = dict(model=str(tiny_deepseek_llama4_scaling), max_model_len=256,
                 enforce_eager=True, enable_prefix_caching=False,
                 worker_extension_cls=WORKER_EXTENSION)
+    cpu_build.MOE_WITHOUT_AVX512_NEEDS_CURRENT_CONFIG.skip_if_present(
+        "the drift is checked on the other releases and on CPUs with AVX-512")
     if cpu_build.AMX_ATTENTION_HEAD_DIM_32.present():
         # The test compares the capture with vLLM's own forward, which float32 shows as
         # well; float32 is not the default, since on 0.20-0.22 it takes a MoE op that needs
