@@ -100,6 +100,7 @@ TEST_DEPS: list[str] = nox.project.load_toml(ROOT / "pyproject.toml")["project"]
     "optional-dependencies"]["test"]
 MATRIX_DIR = ROOT / ".matrix"
 RESULTS = MATRIX_DIR / "results"
+CI_SUBSET_RESULTS = MATRIX_DIR / "ci-subset"
 JUNIT = MATRIX_DIR / "junit"
 
 def cell_id(cell: matrix.Cell) -> str:
@@ -330,12 +331,12 @@ def gpu(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON, requires=["lint", "unit"] + [
-    f"cell({cell_id(c)})" for c in CI_CELLS
+    f"ci-cell({cell_id(c)})" for c in CI_CELLS
 ])
 def tests(session: nox.Session) -> None:
     """Everything CI runs; the work happens in the required sessions (lint and unit on each
-    of CHECK_PYTHONS; one venv per cell, contract then e2e tests, a record under
-    .matrix/results/)."""
+    of CHECK_PYTHONS; one venv per CI cell, contract then e2e tests, as much of them as
+    ``ci_cells.CI_SUBSETS`` says, and a record)."""
     session.log(f"lint and unit on Python {', '.join(CHECK_PYTHONS)} and the CI cells passed: "
                 + "; ".join(c.name for c in CI_CELLS))
 
@@ -344,14 +345,17 @@ def tests(session: nox.Session) -> None:
 
 
 def run_stage(session: nox.Session, folder: str, cell: matrix.Cell, junit: Path,
-              contract_only_why: str = "") -> dict[str, object]:
-    """pytest on ``folder`` with a junit file; a failing run is recorded, not raised."""
+              contract_only_why: str = "",
+              subset: tuple[str, ...] | None = None) -> dict[str, object]:
+    """pytest on ``folder`` (or only the ``subset`` of it) with a junit file; a failing run
+    is recorded, not raised."""
     junit.parent.mkdir(parents=True, exist_ok=True)
     junit.unlink(missing_ok=True)
     error = None
     try:
         # 1: some test failed, 5: none collected; both leave a junit file to read.
-        session.run("pytest", folder, "-p", "no:cacheprovider", f"--junitxml={junit}",
+        session.run("pytest", *(subset or (folder,)), "-p", "no:cacheprovider",
+                    f"--junitxml={junit}",
                     *session.posargs, env=cell_env(cell, contract_only_why),
                     success_codes=[0, 1, 5])
     except CommandFailed as exc:  # interrupted, internal or usage error, killed
@@ -364,7 +368,25 @@ def run_stage(session: nox.Session, folder: str, cell: matrix.Cell, junit: Path,
 def cell(session: nox.Session, vllm: str, speculators: str, transformers: str) -> None:
     """One cell: install once, tests/contract then tests/e2e (not for contract-only cells),
     and a record in .matrix/results/ (``compatibility.record_name``) whatever the outcome."""
-    the_cell = find_cell(vllm, speculators, transformers)
+    run_cell(session, find_cell(vllm, speculators, transformers), None)
+
+
+CI_CELL_PARAMS = [nox.param(c.vllm, c.speculators, c.transformers, id=cell_id(c))
+                  for c in CI_CELLS]
+
+
+@nox.session(name="ci-cell", python=PYTHON)
+@nox.parametrize(CELL_ARGS, CI_CELL_PARAMS)
+def ci_cell(session: nox.Session, vllm: str, speculators: str, transformers: str) -> None:
+    """A CI cell as CI runs it: whole, or the part ``ci_cells.CI_SUBSETS`` names; a subset's
+    record goes to .matrix/ci-subset/, never over the whole cell's in .matrix/results/."""
+    run_cell(session, find_cell(vllm, speculators, transformers),
+             ci_cells.CI_SUBSETS.get((vllm, speculators, transformers)))
+
+
+def run_cell(session: nox.Session, the_cell: matrix.Cell,
+             subset: ci_cells.CiSubset | None) -> None:
+    vllm, speculators, transformers = the_cell.vllm, the_cell.speculators, the_cell.transformers
     started = time.monotonic()
     date = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     python = session_python(session)
@@ -384,14 +406,18 @@ def cell(session: nox.Session, vllm: str, speculators: str, transformers: str) -
         environment_fix = apply_doctor_fixes(session, python)
         stem = compatibility.record_name(vllm, speculators, transformers).removesuffix(".json")
         why = contract_only_reason(session, the_cell)
+        if subset is not None:
+            session.log(f"CI subset of this cell: {subset.why}")
         stages["contract"] = run_stage(session, "tests/contract", the_cell,
-                                       JUNIT / f"{stem}-contract.xml", why)
+                                       JUNIT / f"{stem}-contract.xml", why,
+                                       subset.contract if subset else None)
         if why:
             stages["e2e"] = compatibility.not_run(
                 f"contract-only cell: {why}; model execution not run")
         else:
             junit = JUNIT / f"{stem}-e2e.xml"
-            e2e = run_stage(session, "tests/e2e", the_cell, junit)
+            e2e = run_stage(session, "tests/e2e", the_cell, junit,
+                            subset=subset.e2e if subset else None)
             e2e = compatibility.require_generator_tests(e2e, junit, the_cell.path)
             stages["e2e"] = compatibility.require_server_tests(
                 e2e, junit, the_cell.path, server_path_blocker(session, the_cell))
@@ -402,14 +428,16 @@ def cell(session: nox.Session, vllm: str, speculators: str, transformers: str) -
     record = compatibility.make_record(
         the_cell, wheel=the_cell.wheel, date=date, stages=stages, installed=installed,
         wall_seconds=time.monotonic() - started, install=install,
-        command=f"nox -s \"cell({cell_id(the_cell)})\"",
+        command=f"nox -s \"{'ci-cell' if subset else 'cell'}({cell_id(the_cell)})\"",
         venv=str(session.virtualenv.location), commit=speccompat_commit(),
         environment_fix=environment_fix,
     )
     if install_note := cells.index_gap_note(the_cell.wheel):
         # What the install put in place of a pin this index lacks (cells.INDEX_GAPS).
         record["install_note"] = install_note
-    path = compatibility.write_record(RESULTS, record)
+    if subset is not None:
+        record["ci_subset"] = subset.why
+    path = compatibility.write_record(CI_SUBSET_RESULTS if subset else RESULTS, record)
     session.log(f"{the_cell.name}: {record['outcome']} (contract: "
                 f"{compatibility.stage_text(record['contract'])}; e2e: "
                 f"{compatibility.stage_text(record['e2e'])}); record: {path.relative_to(ROOT)}")

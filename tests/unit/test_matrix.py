@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from packaging.version import Version
@@ -252,3 +253,21 @@ def test_the_in_process_pair_on_a_release_without_the_v1_runner(env_factory: Mak
     assert "V1RunnerRemovedError" in support.advice and "0.33.x" in support.advice
     assert "speculators 0.3.0 x vLLM 0.11.0 to 0.33.0 (every release)" in support.supported_text
     assert check(env_factory("0.34.0", "0.9.0")).supported
+
+
+def test_ci_subsets_are_of_ci_cells_and_name_tests_that_exist() -> None:
+    """What CI runs of a cell where not all of it: a CI cell's, said why, each target a test
+    file (or one test function in it) that exists."""
+    root = Path(__file__).resolve().parents[2]
+    ci = {(c.vllm, c.speculators, c.transformers) for c in ci_cells.CELLS if c.ci}
+    assert ci_cells.CI_SUBSETS
+    for key, subset in ci_cells.CI_SUBSETS.items():
+        assert key in ci and subset.why, key
+        assert subset.contract is not None or subset.e2e is not None, key
+        for target in (subset.contract or ()) + (subset.e2e or ()):
+            path, _, function = target.partition("::")
+            assert path.startswith(("tests/contract/", "tests/e2e/")), target
+            assert (root / path).is_file(), target
+            assert not function or f"def {function}(" in (root / path).read_text(), target
+    # The newest CPU build's cells run whole: the other cells' subsets lean on them.
+    assert not any(key[0] == "0.32.0" for key in ci_cells.CI_SUBSETS)
