@@ -41,8 +41,7 @@ SECOND = ((50, 9), 11)
 def test_deepseek_every_id_matches_hf(tiny_deepseek: Path, tmp_path: Path) -> None:
     serving.skip_unless_the_cpu_build_serves()
     cpu_build.MOE_WITHOUT_AVX512_NEEDS_CURRENT_CONFIG.skip_if_present(
-        "the DeepSeek server runs on CPUs with AVX-512 and on vLLM 0.23+; the adapters' "
-        "contract tests run here")
+        "the DeepSeek server is checked on CPUs with AVX-512 and on vLLM 0.32.0")
     layer_ids = list(range(serving.num_layers(tiny_deepseek) + 1))
     batches = [serving.prompts(lengths, seed=seed) for lengths, seed in (FIRST, SECOND)]
     with serving.serve(tiny_deepseek, tmp_path, layer_ids, *serving.DEEPSEEK_CPU_ARGS,
