@@ -30,7 +30,6 @@ CI_CELLS: frozenset[tuple[str, str, str]] = frozenset({
 })
 
 
-
 @dataclass(frozen=True)
 class CiSubset:
     """The tests CI runs of a CI cell, stage by stage, where not all of them (``None``: the

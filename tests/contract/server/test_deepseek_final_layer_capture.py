@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import cpu_build
 import serving
 from speccompat.server.adapters.deepseek_final_layer_capture import (
     AFTER_THE_LAST,
@@ -62,9 +61,7 @@ def test_the_probe_sees_the_upstream_capture() -> None:
 def test_raw_the_final_id_kills_the_engine_at_the_first_request(tiny_deepseek: Path,
                                                                 tmp_path: Path) -> None:
     """Without the adapter (and without the start-up check that would refuse the id)."""
-    serving.skip_unless_the_cpu_build_serves()
-    cpu_build.MOE_WITHOUT_AVX512_NEEDS_CURRENT_CONFIG.skip_if_present(
-        "the DeepSeek server is checked on CPUs with AVX-512 and on vLLM 0.32.0")
+    serving.skip_unless_the_cpu_build_serves(moe_model=True)
     ids = list(range(1, _num_layers(tiny_deepseek) + 1))
     env = {**serving.DEEPSEEK_CPU_ENV, "SPECCOMPAT_SKIP": f"{ID},{LAYER_ID_CHECK}"}
     with serving.serve(tiny_deepseek, tmp_path, ids, *serving.DEEPSEEK_CPU_ARGS,
@@ -81,9 +78,7 @@ def test_normalized_the_final_id_is_the_final_pre_norm_state(tiny_deepseek: Path
     """Ids 1..N on one server: every one against HF, and N is not N - 1 again."""
     import hf_reference
 
-    serving.skip_unless_the_cpu_build_serves()
-    cpu_build.MOE_WITHOUT_AVX512_NEEDS_CURRENT_CONFIG.skip_if_present(
-        "the DeepSeek server is checked on CPUs with AVX-512 and on vLLM 0.32.0")
+    serving.skip_unless_the_cpu_build_serves(moe_model=True)
     n = _num_layers(tiny_deepseek)
     ids = list(range(1, n + 1))
     prompts = _prompts()

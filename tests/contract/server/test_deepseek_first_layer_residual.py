@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-import cpu_build
 import serving
 from speccompat import registry
 from speccompat.server.adapters.deepseek_first_layer_residual import DEEPSEEK, ID, MODEL, _probe
@@ -66,9 +65,7 @@ def test_raw_id_0_fails_before_any_file(tiny_deepseek: Path, tmp_path: Path) -> 
 def test_normalized_id_0_is_the_embeddings(tiny_deepseek: Path, tmp_path: Path) -> None:
     import hf_reference
 
-    serving.skip_unless_the_cpu_build_serves()
-    cpu_build.MOE_WITHOUT_AVX512_NEEDS_CURRENT_CONFIG.skip_if_present(
-        "the DeepSeek server is checked on CPUs with AVX-512 and on vLLM 0.32.0")
+    serving.skip_unless_the_cpu_build_serves(moe_model=True)
     prompts = _prompts()
     with serving.serve(tiny_deepseek, tmp_path, IDS, *serving.DEEPSEEK_CPU_ARGS,
                       *serving.NO_CHUNKED_PREFILL, env=serving.DEEPSEEK_CPU_ENV) as srv:

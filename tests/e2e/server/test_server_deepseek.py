@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import cpu_build
 import serving
 from speccompat.server.adapters.deepseek_final_layer_capture import ID as FINAL_LAYER
 from speccompat.server.adapters.deepseek_first_layer_residual import ID as FIRST_LAYER
@@ -39,9 +38,7 @@ SECOND = ((50, 9), 11)
 
 
 def test_deepseek_every_id_matches_hf(tiny_deepseek: Path, tmp_path: Path) -> None:
-    serving.skip_unless_the_cpu_build_serves()
-    cpu_build.MOE_WITHOUT_AVX512_NEEDS_CURRENT_CONFIG.skip_if_present(
-        "the DeepSeek server is checked on CPUs with AVX-512 and on vLLM 0.32.0")
+    serving.skip_unless_the_cpu_build_serves(moe_model=True)
     layer_ids = list(range(serving.num_layers(tiny_deepseek) + 1))
     batches = [serving.prompts(lengths, seed=seed) for lengths, seed in (FIRST, SECOND)]
     with serving.serve(tiny_deepseek, tmp_path, layer_ids, *serving.DEEPSEEK_CPU_ARGS,
