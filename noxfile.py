@@ -345,8 +345,8 @@ def tests(session: nox.Session) -> None:
 
 
 def run_stage(session: nox.Session, folder: str, cell: matrix.Cell, junit: Path,
-              contract_only_why: str = "",
-              subset: tuple[str, ...] | None = None) -> dict[str, object]:
+              contract_only_why: str = "", subset: tuple[str, ...] | None = None,
+              pytest_args: tuple[str, ...] = ()) -> dict[str, object]:
     """pytest on ``folder`` (or only the ``subset`` of it) with a junit file; a failing run
     is recorded, not raised."""
     junit.parent.mkdir(parents=True, exist_ok=True)
@@ -355,7 +355,7 @@ def run_stage(session: nox.Session, folder: str, cell: matrix.Cell, junit: Path,
     try:
         # 1: some test failed, 5: none collected; both leave a junit file to read.
         session.run("pytest", *(subset or (folder,)), "-p", "no:cacheprovider",
-                    f"--junitxml={junit}",
+                    f"--junitxml={junit}", *pytest_args,
                     *session.posargs, env=cell_env(cell, contract_only_why),
                     success_codes=[0, 1, 5])
     except CommandFailed as exc:  # interrupted, internal or usage error, killed
@@ -368,7 +368,7 @@ def run_stage(session: nox.Session, folder: str, cell: matrix.Cell, junit: Path,
 def cell(session: nox.Session, vllm: str, speculators: str, transformers: str) -> None:
     """One cell: install once, tests/contract then tests/e2e (not for contract-only cells),
     and a record in .matrix/results/ (``compatibility.record_name``) whatever the outcome."""
-    run_cell(session, find_cell(vllm, speculators, transformers), None)
+    run_cell(session, find_cell(vllm, speculators, transformers), ci=False)
 
 
 CI_CELL_PARAMS = [nox.param(c.vllm, c.speculators, c.transformers, id=cell_id(c))
@@ -378,15 +378,16 @@ CI_CELL_PARAMS = [nox.param(c.vllm, c.speculators, c.transformers, id=cell_id(c)
 @nox.session(name="ci-cell", python=PYTHON)
 @nox.parametrize(CELL_ARGS, CI_CELL_PARAMS)
 def ci_cell(session: nox.Session, vllm: str, speculators: str, transformers: str) -> None:
-    """A CI cell as CI runs it: whole, or the part ``ci_cells.CI_SUBSETS`` names; a subset's
-    record goes to .matrix/ci-subset/, never over the whole cell's in .matrix/results/."""
-    run_cell(session, find_cell(vllm, speculators, transformers),
-             ci_cells.CI_SUBSETS.get((vllm, speculators, transformers)))
+    """A CI cell as CI runs it (``ci_cells.CI_PYTEST_ARGS``): whole, or the part
+    ``ci_cells.CI_SUBSETS`` names; a subset's record goes to .matrix/ci-subset/, never over
+    the whole cell's in .matrix/results/."""
+    run_cell(session, find_cell(vllm, speculators, transformers), ci=True)
 
 
-def run_cell(session: nox.Session, the_cell: matrix.Cell,
-             subset: ci_cells.CiSubset | None) -> None:
+def run_cell(session: nox.Session, the_cell: matrix.Cell, *, ci: bool) -> None:
     vllm, speculators, transformers = the_cell.vllm, the_cell.speculators, the_cell.transformers
+    subset = ci_cells.CI_SUBSETS.get((vllm, speculators, transformers)) if ci else None
+    pytest_args = ci_cells.CI_PYTEST_ARGS if ci else ()
     started = time.monotonic()
     date = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     python = session_python(session)
@@ -410,14 +411,14 @@ def run_cell(session: nox.Session, the_cell: matrix.Cell,
             session.log(f"CI subset of this cell: {subset.why}")
         stages["contract"] = run_stage(session, "tests/contract", the_cell,
                                        JUNIT / f"{stem}-contract.xml", why,
-                                       subset.contract if subset else None)
+                                       subset.contract if subset else None, pytest_args)
         if why:
             stages["e2e"] = compatibility.not_run(
                 f"contract-only cell: {why}; model execution not run")
         else:
             junit = JUNIT / f"{stem}-e2e.xml"
             e2e = run_stage(session, "tests/e2e", the_cell, junit,
-                            subset=subset.e2e if subset else None)
+                            subset=subset.e2e if subset else None, pytest_args=pytest_args)
             e2e = compatibility.require_generator_tests(e2e, junit, the_cell.path)
             stages["e2e"] = compatibility.require_server_tests(
                 e2e, junit, the_cell.path, server_path_blocker(session, the_cell))
@@ -428,7 +429,7 @@ def run_cell(session: nox.Session, the_cell: matrix.Cell,
     record = compatibility.make_record(
         the_cell, wheel=the_cell.wheel, date=date, stages=stages, installed=installed,
         wall_seconds=time.monotonic() - started, install=install,
-        command=f"nox -s \"{'ci-cell' if subset else 'cell'}({cell_id(the_cell)})\"",
+        command=f"nox -s \"{'ci-cell' if ci else 'cell'}({cell_id(the_cell)})\"",
         venv=str(session.virtualenv.location), commit=speccompat_commit(),
         environment_fix=environment_fix,
     )

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib
 import os
 import subprocess
 import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -219,6 +221,34 @@ def speculators_generator(
             del generator.executor
         del generator
         gc.collect()
+        speccompat.revert()
+
+
+GENERATOR_MODULE = "speculators.data_generation.vllm_hidden_states_generator"
+
+
+def import_generator_module() -> ModuleType:
+    """speculators' generator module, imported as a user's ``apply()`` lets it import: where
+    it cannot be imported without an adapter (speculators 0.4.0 on vLLM 0.11.0, transformers
+    5, vLLM 0.33.0's moved helpers), only those adapters are applied for the import. A test
+    that imports it itself must not rely on an earlier test having done so (``pytest -n``)."""
+    import speccompat
+    from speccompat.inprocess.adapters import (
+        attn_mask_utils_removed,
+        config_dtype_annotation,
+        get_hash_fn_by_name_moved,
+        kv_cache_planning_moved,
+    )
+
+    enabling = [m.ID for m in (get_hash_fn_by_name_moved, kv_cache_planning_moved,
+                               config_dtype_annotation, attn_mask_utils_removed)
+                if adapter_applies(m.ID)[0] and m.ADAPTER.probe() is None]
+    if not enabling:
+        return importlib.import_module(GENERATOR_MODULE)
+    speccompat.apply(only=enabling)
+    try:
+        return importlib.import_module(GENERATOR_MODULE)
+    finally:
         speccompat.revert()
 
 

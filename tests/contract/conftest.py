@@ -20,29 +20,9 @@ def generator_module() -> ModuleType:
     transformers 5, vLLM 0.33.0's moved helpers), only those adapters are applied for the
     import; their own contract tests import it without, in a fresh process.
     """
-    import importlib
+    from support import import_generator_module
 
-    import speccompat
-    from speccompat.inprocess.adapters import (
-        attn_mask_utils_removed,
-        config_dtype_annotation,
-        get_hash_fn_by_name_moved,
-        kv_cache_planning_moved,
-    )
-    from support import adapter_applies
-
-    name = "speculators.data_generation.vllm_hidden_states_generator"
-    enabling = [m.ID for m in (get_hash_fn_by_name_moved, kv_cache_planning_moved,
-                               config_dtype_annotation,
-                               attn_mask_utils_removed)
-                if adapter_applies(m.ID)[0] and m.ADAPTER.probe() is None]
-    if not enabling:
-        return importlib.import_module(name)
-    speccompat.apply(only=enabling)
-    try:
-        return importlib.import_module(name)
-    finally:
-        speccompat.revert()
+    return import_generator_module()
 
 
 @pytest.fixture(scope="session")
@@ -85,6 +65,19 @@ def kv_cache_groups(vllm_config):  # type: ignore[no-untyped-def]
 
     specs = {f"model.layers.{i}.self_attn.attn": FullAttentionSpec(
         block_size=16, num_kv_heads=2, head_size=32, dtype=torch.bfloat16) for i in range(4)}
+    cache_config = vllm_config.cache_config
+    if hasattr(cache_config, "get_resolved_kv_cache_layout") and (
+            cache_config.kv_cache_layout is None):
+        # vLLM 0.29.0+: the engine core resolves the layout before anything plans the cache
+        # (here, before any test plans it: a test must not depend on another having run);
+        # no worker reports its backends here, so the default preference decides.
+        from vllm.v1.attention.backends.utils import (
+            get_supported_kv_cache_layouts,
+            resolve_kv_cache_layout,
+        )
+
+        names = [layout.name for layout in get_supported_kv_cache_layouts([])]
+        resolve_kv_cache_layout(vllm_config, [names], specs.values())
     return specs, _get_kv_cache_groups_uniform_spec(specs)
 
 
@@ -95,18 +88,6 @@ def kv_cache_config(vllm_config, kv_cache_groups):  # type: ignore[no-untyped-de
     from vllm.v1.core.kv_cache_utils import get_kv_cache_config_from_groups
 
     specs, groups = kv_cache_groups
-    cache_config = vllm_config.cache_config
-    if hasattr(cache_config, "get_resolved_kv_cache_layout") and (
-            cache_config.kv_cache_layout is None):
-        # vLLM 0.29.0+: the engine core resolves the layout before anything plans the cache;
-        # no worker reports its backends here, so the default preference decides.
-        from vllm.v1.attention.backends.utils import (
-            get_supported_kv_cache_layouts,
-            resolve_kv_cache_layout,
-        )
-
-        names = [layout.name for layout in get_supported_kv_cache_layouts([])]
-        resolve_kv_cache_layout(vllm_config, [names], specs.values())
     if "kv_cache_specs" in inspect.signature(get_kv_cache_config_from_groups).parameters:
         config = get_kv_cache_config_from_groups(vllm_config, groups, specs, 64 << 20)  # 0.11.x
     else:

@@ -13,6 +13,7 @@ from speccompat.inprocess import teardown
 from speccompat.inprocess.adapters.collective_rpc_unique_reply_rank import ID as LIST_REPLY
 from support import (
     constructor_kwargs,
+    import_generator_module,
     needs_adapter,
     requires_generator,
     requires_speculators,
@@ -27,8 +28,7 @@ pytestmark = [requires_vllm, requires_speculators, requires_generator]
 @pytest.fixture
 def failing_extension() -> Iterator[None]:
     """The generator hard-codes speculators' extension; swap in the failing subclass."""
-    from speculators.data_generation import vllm_hidden_states_generator as module
-
+    module = import_generator_module()
     with constructor_kwargs(module, "ParallelConfig",
                             {"worker_extension_cls": "failing_worker.FailingExtension"},
                             override=True):
