@@ -50,9 +50,11 @@ class CiSubset:
 CI_PYTEST_ARGS: tuple[str, ...] = ("-n", "2", "--dist", "loadfile")
 
 # On this project's 2-core CPU machine without AVX-512 the five CI cells took about 90
-# minutes whole (fresh-clone .ci/run, 2026-12-05: vLLM's engines start in about 20 s there,
-# its servers in 60-80 s), against the 60 CI is kept under. Where a CI cell's tests repeat
-# what another CI cell checks, CI runs the part only that cell checks.
+# minutes whole, one test at a time (fresh-clone .ci/run, 2026-12-05: vLLM's engines start in
+# about 20 s there, its servers in 60-80 s), against the 60 CI is kept under; with these
+# subsets and two tests at a time an estimated 65-70 there, 28 minutes measured on a 2-core
+# machine with AVX-512 (docs/results/matrix-history.md). Where a CI cell's tests repeat what
+# another CI cell checks, CI runs the part only that cell checks.
 CI_SUBSETS: dict[tuple[str, str, str], CiSubset] = {
     ("0.22.0", "0.3.0", ""): CiSubset(
         "transformers 5 on a vLLM that also accepts 4: the adapters selected by the "
