@@ -36,7 +36,12 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from server_extract import CLI_VARIANTS, run_cli, steady_state  # noqa: E402
+from server_extract import (  # noqa: E402
+    CLI_VARIANTS,
+    run_cli,
+    steady_state,
+    steady_state_caveat,
+)
 
 MODEL = "stand-in"
 
@@ -161,7 +166,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if steady := steady_state(args.sizes, seconds):
                 rate, startup = steady
                 line += (f"; steady state {rate:.1f} files/s = {rate * args.prompt_len:.0f} "
-                         f"tok/s ({rate * size_mb / 1e3:.2f} GB/s); start-up {startup:.1f} s")
+                         f"tok/s ({rate * size_mb / 1e3:.2f} GB/s); start-up {startup:.1f} s"
+                         + steady_state_caveat(seconds))
             print(line, flush=True)
     finally:
         endpoint.terminate()

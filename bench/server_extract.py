@@ -329,6 +329,20 @@ def steady_state(sizes: Sequence[int], seconds: Sequence[float]) -> tuple[float,
     return rate, seconds[0] - sizes[0] / rate
 
 
+# Below this share of the larger run, the time between two sizes is within what the CLI's
+# start-up varies on a busy host (seen on the H200: 0.7 s of a 26.8 s run gave "355 files/s").
+STEADY_STATE_MIN_SHARE = 0.25
+
+
+def steady_state_caveat(seconds: Sequence[float]) -> str:
+    """A warning to print beside a steady state read from too small a difference, or ''."""
+    spread = seconds[-1] - seconds[0]
+    if spread >= STEADY_STATE_MIN_SHARE * seconds[-1]:
+        return ""
+    return (f" (UNRELIABLE: the runs differ by {spread:.2f} s, {spread / seconds[-1]:.0%} of the "
+            f"larger; start-up noise can dominate: use more prompts)")
+
+
 def print_cli_variants(value: dict[str, list[float]], args: Any,
                        plain_rate: float | None) -> None:
     """The CLI per variant: seconds at each size; with two sizes, its steady state (tokens/s
@@ -340,7 +354,8 @@ def print_cli_variants(value: dict[str, list[float]], args: Any,
         if steady := steady_state(sizes, seconds):
             rate, startup = steady[0] * args.prompt_len, steady[1]
             vs = f", {rate / plain_rate:.3f} of plain" if plain_rate else ""
-            line += f"; steady state {rate:.0f} tok/s{vs}; start-up {startup:.1f} s"
+            line += (f"; steady state {rate:.0f} tok/s{vs}; start-up {startup:.1f} s"
+                     + steady_state_caveat(seconds))
         print(line)
 
 

@@ -9,7 +9,7 @@ cd /tmp/repo && source .gpu/c2/env.sh /tmp/repo
 mkdir -p /tmp/gpulogs
 step() { echo "$(date -u +%T) $*"; }
 step start
-python3 -c "import vllm, torch, speculators; print(vllm.__version__, torch.__version__, speculators.__version__)" \
+python3 -c "from importlib.metadata import version as v; print(*(f'{d} {v(d)}' for d in ('vllm', 'torch', 'speculators', 'speccompat')))" \
     > /tmp/gpulogs/facts.txt 2>&1
 nproc >> /tmp/gpulogs/facts.txt; df -h /tmp /dev/shm >> /tmp/gpulogs/facts.txt
 # speculators' CLI against a stand-in endpoint: this host's CPU ceiling, no GPU.
