@@ -50,7 +50,7 @@ from speccompat.server.adapters.kimi_linear_first_layer_alias import (
     _probe,
 )
 from speccompat.targets import source_def
-from support import contract_only_reason, needs_adapter, requires_vllm, source_text
+from support import contract_only_reason, needs_adapter, requires_vllm, source_text, vllm_in
 
 pytestmark = requires_vllm
 applies = needs_adapter(ID, "vLLM before 0.27.0 has no vllm/models/kimi_k3 (Kimi-Linear's "
@@ -306,7 +306,15 @@ def test_with_the_copy_the_layer_id_check_serves_id_0(architecture: str) -> None
 
 
 @applies
-def test_skipped_the_copy_id_0_is_refused_again(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("architecture", [
+    # K3 serves aux states from 0.27.0 (as the adapter applies); Kimi-Linear from 0.28.0.
+    "KimiK3ForConditionalGeneration",
+    pytest.param("KimiLinearForCausalLM", marks=vllm_in(
+        ">=0.28.0", "KimiLinearForCausalLM is not SupportsEagle3 before 0.28.0, so id 0 "
+        "has nothing to refuse there (kimi_first_id.FIRST_RELEASE)")),
+])
+def test_skipped_the_copy_id_0_is_refused_again(monkeypatch: pytest.MonkeyPatch,
+                                                architecture: str) -> None:
     """``SPECCOMPAT_SKIP=vllm.kimi_linear_first_layer_alias``: the plugin's selection skips
     it, ``patching.applied()`` does not list it, and the check refuses id 0 as before."""
     monkeypatch.setenv(SKIP_ENV, ID)
@@ -316,8 +324,8 @@ def test_skipped_the_copy_id_0_is_refused_again(monkeypatch: pytest.MonkeyPatch)
         assert report.state_of(ID) is speccompat.State.SKIPPED, report
         assert report.state_of(layer_ids.ID) is speccompat.State.APPLIED, report
         with pytest.raises(LayerIdError, match="in-place update instead of the embeddings"):
-            _draft(_kimi_target("KimiLinearForCausalLM"), [0, 2, 4])
-        assert getattr(_draft(_kimi_target("KimiLinearForCausalLM"), [4, 2, 1]),
+            _draft(_kimi_target(architecture), [0, 2, 4])
+        assert getattr(_draft(_kimi_target(architecture), [4, 2, 1]),
                        layer_ids.IDS) == [1, 2, 4]
     finally:
         speccompat.revert()
