@@ -14,12 +14,9 @@ from packaging.version import Version
 
 @pytest.fixture(scope="session")
 def generator_module() -> ModuleType:
-    """speculators' generator module, imported once (it imports vLLM and transformers).
-
-    Where it cannot be imported without an adapter (speculators 0.4.0 on vLLM 0.11.0,
-    transformers 5, vLLM 0.33.0's moved helpers), only those adapters are applied for the
-    import; their own contract tests import it without, in a fresh process.
-    """
+    """speculators' generator module, imported once (it imports vLLM and transformers) by
+    ``support.import_generator_module``, which applies only the adapters its import needs;
+    those adapters' own contract tests import it without them, in a fresh process."""
     from support import import_generator_module
 
     return import_generator_module()
