@@ -3,6 +3,11 @@ REPO=$1
 SP=$(env -u PYTHONPATH python3 -c "import torch,os;print(os.path.dirname(os.path.dirname(torch.__file__)))")
 NVLIBS=$(ls -d $SP/nvidia/*/lib $SP/nvidia/cu13/lib 2>/dev/null | tr '\n' ':')
 export LD_LIBRARY_PATH=/tmp/site/nvidia/nccl/lib:${NVLIBS}${LD_LIBRARY_PATH:-}
-export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$REPO/tests
+# The CUTLASS DSL's packages only where its libraries were staged (the --keep flags): a
+# `cutlass` without `_mlir` on the path breaks every vLLM 0.34.0 server at warm-up, whose
+# kernel_warmup imports MiniMax-M3's CuTe ops for any model (seen on 2026-12-05).
+DSL=/tmp/site/nvidia_cutlass_dsl/dsl_packages
+[ -d $DSL/cutlass/_mlir ] || DSL=
+export PYTHONPATH=/tmp/site${DSL:+:$DSL}:$REPO/tests
 export VLLM_USE_FLASHINFER_SAMPLER=0 SPECCOMPAT_GPU_LOGS=/tmp/gpulogs PYTHONUNBUFFERED=1
 export PATH=/usr/local/cuda/bin:$PATH CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
