@@ -8,10 +8,18 @@ The real scheduler-side connector (``connector_drive``'s engine config) and a re
 ``vllm.v1.request.Request``; a scheduled request's file name is recorded where
 ``build_connector_meta`` records it (the probed line). A server-level reproduction
 (one sequence at a time, a second request sent and dropped while the first prefills) did
-not abort before scheduling on an idle machine; the death was seen under load."""
+not abort before scheduling on an idle machine; the death was seen under load.
+
+The second half (matrix cell vLLM 0.28.0 x speculators 0.5.0, the same disconnect test): the
+request so freed is reported "done sending" by the worker one step later, and the scheduler
+asserts that it still holds it (``AssertionError`` in ``_update_from_kv_xfer_finished``,
+EngineDeadError). Pinned here: the worker's report of an untracked request, the scheduler
+handing reports to its connector before it asserts, the report dropped there, and one real
+in-process engine (CPU) that steps on after a request is aborted before its first step."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,11 +28,23 @@ import pytest
 
 import connector_drive as drive
 import speccompat
-from speccompat import registry
+from speccompat import patching, registry
 from speccompat.record import ExtractionPath
-from speccompat.server.adapters.hidden_states_connector_abort_before_schedule import ID, POP
+from speccompat.server.adapters.hidden_states_connector_abort_before_schedule import (
+    HANDS_REPORTS,
+    ID,
+    POP,
+    SCHEDULER,
+)
 from speccompat.targets import module_source
-from support import make_request, needs_adapter, requires_vllm, vllm_in
+from support import (
+    in_fresh_process,
+    make_request,
+    needs_adapter,
+    requires_vllm,
+    source_text,
+    vllm_in,
+)
 
 pytestmark = requires_vllm
 applies = needs_adapter(ID, "vLLM 0.31.0 on pops with a default; before 0.24.0 the "
@@ -100,3 +120,78 @@ def test_fixed_upstream_not_selected(setup: Any) -> None:
     assert connector.request_finished(make_request("never-scheduled", 12), [1]) == (
         False, None)
 
+
+
+@vllm_in(">=0.24.0,<0.31.0", "0.31.0 reports only the requests it tracked")
+def test_raw_the_worker_reports_an_untracked_request_as_sent(setup: Any) -> None:
+    worker = drive.make_connector(setup)
+    done, _ = worker.get_finished({"never-scheduled"})
+    assert done == {"never-scheduled"}
+
+
+@vllm_in(">=0.24.0,<0.31.0", "where the adapter drops reports")
+def test_the_scheduler_hands_reports_to_the_connector_before_it_asserts() -> None:
+    text = source_text(SCHEDULER, "Scheduler._update_from_kv_xfer_finished")
+    loop = text.index("for req_id in kv_connector_output.finished_sending")
+    assert text.index(HANDS_REPORTS) < loop
+    assert "assert req_id in self.requests" in text[loop:]
+
+
+@applies
+def test_normalized_the_freed_request_is_not_reported_to_the_scheduler(setup: Any,
+                                                                       applied: None) -> None:
+    from vllm.v1.outputs import KVConnectorOutput
+
+    scheduler = _scheduler_connector(setup)
+    worker = drive.make_connector(setup)
+    assert scheduler.request_finished(make_request("never-scheduled", 12), [1]) == (
+        False, None)
+    done, _ = worker.get_finished({"never-scheduled", "held"})
+    output = KVConnectorOutput(finished_sending=done)
+    scheduler.update_connector_output(output)
+    assert output.finished_sending == {"held"}  # a request the scheduler still holds
+    output = KVConnectorOutput(finished_sending={"never-scheduled"})
+    scheduler.update_connector_output(output)  # dropped once: forgotten after that
+    assert output.finished_sending == {"never-scheduled"}
+
+
+@applies
+def test_normalized_the_engine_outlives_an_abort_before_the_first_step(
+        request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """One engine, core and worker in this process (CPU): "dropped" is aborted while it
+    waits, "kept" runs. Without the second half the first step fails the scheduler's
+    assertion; with it the engine steps on and "kept" gets its file."""
+    if not in_fresh_process(request):
+        return
+    tiny_llama = request.getfixturevalue("tiny_llama")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # a process of its own: no restore
+    from vllm import LLM, SamplingParams
+
+    import serving
+    import tiny_models
+
+    llm = LLM(model=str(tiny_llama), max_model_len=256, enforce_eager=True,
+              speculative_config={"method": "extract_hidden_states", "num_speculative_tokens": 1,
+                                  "draft_model_config": {"hf_config": {
+                                      "eagle_aux_hidden_state_layer_ids": [1, 2]}}},
+              kv_transfer_config={"kv_connector": "ExampleHiddenStatesConnector",
+                                  "kv_role": "kv_producer", "kv_connector_extra_config": {
+                                      "shared_storage_path": str(tmp_path)}})
+    assert ID in patching.applied(), patching.applied()  # the plugin applied it
+    engine = llm.llm_engine
+    dropped, kept = tiny_models.make_prompts(tiny_models.VOCAB_SIZE, [40, 24], seed=2)
+    params = SamplingParams(max_tokens=1, temperature=0.0)
+    engine.add_request("dropped", {"prompt_token_ids": dropped}, params)
+    engine.abort_request(["dropped"])
+    engine.add_request("kept", {"prompt_token_ids": kept}, params)
+    finished = []
+    for _ in range(20):
+        finished += [out for out in engine.step() if out.finished]
+        if not engine.has_unfinished_requests():
+            break
+    for _ in range(3):  # the steps that report "kept" sent and free its blocks
+        engine.step()
+    assert [out.request_id for out in finished] == ["kept"], finished
+    path = Path(finished[0].kv_transfer_params["hidden_states_path"])
+    serving.wait_until_written(path)
+    assert path.exists()
