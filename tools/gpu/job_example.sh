@@ -6,13 +6,7 @@
 # on disk.
 # Each step has its own limit; poll.sh brings back what is there whenever it is called.
 set -u
-cd /tmp/repo && source .gpu/c2/env.sh /tmp/repo
-mkdir -p /tmp/gpulogs
-step() { echo "$(date -u +%T) $*"; }
-step start
-python3 -c "from importlib.metadata import version as v; print(*(f'{d} {v(d)}' for d in ('vllm', 'torch', 'speculators', 'speccompat')))" \
-    > /tmp/gpulogs/facts.txt 2>&1
-nproc >> /tmp/gpulogs/facts.txt; df -h /tmp /dev/shm >> /tmp/gpulogs/facts.txt
+source /tmp/repo/tools/gpu/job_start.sh
 # (bench/cli_ceiling.py, the CLI's CPU ceiling on this host, ran on 2026-12-05: 9.49 ms per
 # 1000-token request; beside the hybrid servers it only added noise to both.)
 # Issue #35's last item: the hybrid servers with speccompat, one at a time, alone on the GPU

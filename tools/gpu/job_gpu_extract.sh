@@ -4,14 +4,8 @@
 # speculators==0.3.0 --pkg "transformers<5" --keep transformers --keep tokenizers --keep
 # huggingface-hub (7 parts, the host's torch); copy this file to .gpu/c2/job.sh.
 set -u
-cd /tmp/repo && source .gpu/c2/env.sh /tmp/repo
+source /tmp/repo/tools/gpu/job_start.sh
 export VLLM_WORKER_MULTIPROC_METHOD=spawn  # the generator builds its executor after CUDA is up
-mkdir -p /tmp/gpulogs
-step() { echo "$(date -u +%T) $*"; }
-step start
-python3 -c "from importlib.metadata import version as v; print(*(f'{d} {v(d)}' for d in ('vllm', 'torch', 'speculators', 'transformers', 'speccompat')))" \
-    > /tmp/gpulogs/facts.txt 2>&1
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> /tmp/gpulogs/facts.txt
 for run in 1 2 3; do
     timeout ${RUN_S:-300} python3 bench/gpu_extract.py --prompts 512 --only vllm speculators \
         --json /tmp/gpulogs/extract-$run.json > /tmp/gpulogs/extract-$run.log 2>&1

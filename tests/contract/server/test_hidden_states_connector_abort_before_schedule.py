@@ -121,7 +121,6 @@ def test_fixed_upstream_not_selected(setup: Any) -> None:
         False, None)
 
 
-
 @vllm_in(">=0.24.0,<0.31.0", "0.31.0 reports only the requests it tracked")
 def test_raw_the_worker_reports_an_untracked_request_as_sent(setup: Any) -> None:
     worker = drive.make_connector(setup)
