@@ -25,7 +25,13 @@ engine arguments:
              rename, per file)
 
 Prints one line per configuration: the median seconds of its rounds (``--rounds``, each
-over prompts of its own), prompt tokens/s, the ratio to ``plain``, and every round.
+over prompts of its own), prompt tokens/s, the ratio to ``plain``, and every round. Then where
+a round's time goes, per request (medians over every timed round): the wait for the HTTP
+reply; for extraction, the wait after it until the writer's lock is free (the D2H copy, the
+file's write and speculators' 0.1 s lock poll); and the steady rate, prompt tokens/s between
+the 10th and the 90th percentile of the requests' completions (a request completes at its
+reply for ``plain``, once its file is whole for extraction), apart from the round's start
+and its tail of last writes, which a dataset of many rounds' size hardly sees.
 ``--interleave`` keeps every timed configuration's server up at once and runs each round on
 each in turn, then prints per-round paired ratios (what resolves a 1% difference when the
 host's rounds drift by 5%).
@@ -44,6 +50,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -131,51 +138,87 @@ def on_cpu_build() -> bool:
     return True
 
 
-async def run_plain(url: str, model: str, prompts: list[list[int]], concurrency: int) -> float:
+@dataclass
+class Pass:
+    """One timed pass over a round's prompts: its seconds, and per request (in completion
+    order) when it completed, how long its reply took and, for extraction, how long the
+    lock wait after the reply took."""
+
+    seconds: float
+    prompt_len: int
+    done: list[float] = field(default_factory=list)
+    reply: list[float] = field(default_factory=list)
+    lock_wait: list[float] = field(default_factory=list)
+
+    def steady_rate(self) -> float | None:
+        """Prompt tokens/s between the 10th and the 90th percentile completion, or ``None``
+        with too few requests to tell."""
+        done = sorted(self.done)
+        first, last = len(done) // 10, len(done) * 9 // 10
+        if last - first < 2 or done[last] <= done[first]:
+            return None
+        return (last - first) * self.prompt_len / (done[last] - done[first])
+
+
+async def run_plain(url: str, model: str, prompts: list[list[int]], concurrency: int) -> Pass:
     import openai
 
     client = openai.AsyncClient(base_url=f"{url}/v1", api_key="EMPTY")
     gate = asyncio.Semaphore(concurrency)
+    timing = Pass(0.0, len(prompts[0]))
 
     async def one(prompt: list[int]) -> None:
         async with gate:
+            sent = time.perf_counter()
             await client.completions.create(model=model, prompt=prompt, max_tokens=1)
+            now = time.perf_counter()
+        timing.reply.append(now - sent)
+        timing.done.append(now - started)
 
     started = time.perf_counter()
     try:
         await asyncio.gather(*(one(p) for p in prompts))
     finally:
         await client.close()  # inside the loop: no "Event loop is closed" at exit
-    return time.perf_counter() - started
+    timing.seconds = time.perf_counter() - started
+    return timing
 
 
 async def run_extract(url: str, model: str, prompts: list[list[int]],
-                      concurrency: int) -> float:
+                      concurrency: int) -> Pass:
     """speculators' client as its CLI drives it: request, then wait for the writer's lock."""
     import openai
     from speculators.data_generation import vllm_client
 
     client = openai.AsyncClient(base_url=f"{url}/v1", api_key="EMPTY")
     gate = asyncio.Semaphore(concurrency)
+    timing = Pass(0.0, len(prompts[0]))
 
     async def one(prompt: list[int]) -> None:
         async with gate:
+            sent = time.perf_counter()
             answer = await vllm_client.generate_hidden_states_async(
                 client, model, {"input_ids": prompt})
+            replied = time.perf_counter()
         path = answer[0] if isinstance(answer, tuple) else answer
         lock = f"{path}.lock"
         if os.path.exists(lock):
             await vllm_client.wait_for_lock_async(lock, timeout=300.0)
+        now = time.perf_counter()
         if not os.path.exists(path):
             raise RuntimeError(f"no hidden-states file at {path}")
         os.remove(path)
+        timing.reply.append(replied - sent)
+        timing.lock_wait.append(now - replied)
+        timing.done.append(now - started)
 
     started = time.perf_counter()
     try:
         await asyncio.gather(*(one(p) for p in prompts))
     finally:
         await client.close()
-    return time.perf_counter() - started
+    timing.seconds = time.perf_counter() - started
+    return timing
 
 
 def run_cli(url: str, prompts: list[list[int]], concurrency: int, workdir: Path, *,
@@ -237,18 +280,19 @@ def start_server(name: str, model: Path, workdir: Path, args: Any,
 
 
 def timed_pass(name: str, srv: Any, model: Path, prompts: list[list[int]],
-               concurrency: int) -> float:
-    """Seconds of one pass over ``prompts``: prefill alone for ``plain``, else extraction
-    through speculators' client."""
+               concurrency: int) -> Pass:
+    """One pass over ``prompts``: prefill alone for ``plain``, else extraction through
+    speculators' client."""
     run = run_plain if name == "plain" else run_extract
     return asyncio.run(run(srv.url, str(model), prompts, concurrency))
 
 
 def measure(name: str, model: Path, workdir: Path, args: Any, rounds: list[list[list[int]]],
-            warm: list[list[int]], layer_ids: list[int]) -> list[float] | dict[str, list[float]]:
-    """One configuration on a fresh server: seconds per round (``cli``: one run of
-    speculators' CLI over the first round's prompts; with ``--cli-prompts``, per variant the
-    seconds of each size)."""
+            warm: list[list[int]], layer_ids: list[int],
+            passes: dict[str, list[Pass]]) -> list[float] | dict[str, list[float]]:
+    """One configuration on a fresh server: seconds per round, each round's :class:`Pass`
+    added to ``passes[name]`` (``cli``: one run of speculators' CLI over the first round's
+    prompts; with ``--cli-prompts``, per variant the seconds of each size)."""
     with start_server(name, model, workdir, args, layer_ids) as srv:
         timed_pass(name, srv, model, warm, args.concurrency)
         if name == "cli" and args.cli_prompts:
@@ -256,12 +300,15 @@ def measure(name: str, model: Path, workdir: Path, args: Any, rounds: list[list[
             return run_cli_variants(srv, args, vocab, workdir / name)
         if name == "cli":
             return [run_cli(srv.url, rounds[0], args.concurrency, workdir / name / "cli")]
-        return [timed_pass(name, srv, model, prompts, args.concurrency) for prompts in rounds]
+        passes[name] = [timed_pass(name, srv, model, prompts, args.concurrency)
+                        for prompts in rounds]
+        return [each.seconds for each in passes[name]]
 
 
 def measure_interleaved(names: list[str], model: Path, workdir: Path, args: Any,
                         rounds: list[list[list[int]]], warm: list[list[int]],
-                        layer_ids: list[int]) -> dict[str, list[float]]:
+                        layer_ids: list[int],
+                        passes: dict[str, list[Pass]]) -> dict[str, list[float]]:
     """Every configuration's server up at once (each with the GPU share the engine arguments
     give it), then each round on every server in turn, the order rotated per round: drift
     of the host (page cache, clocks, other tenants) falls on every configuration alike, and
@@ -278,8 +325,9 @@ def measure_interleaved(names: list[str], model: Path, workdir: Path, args: Any,
         for index, prompts in enumerate(rounds):
             turn = index % len(names)
             for name in names[turn:] + names[:turn]:
-                seconds[name].append(timed_pass(name, servers[name], model, prompts,
-                                                args.concurrency))
+                timing = timed_pass(name, servers[name], model, prompts, args.concurrency)
+                passes.setdefault(name, []).append(timing)
+                seconds[name].append(timing.seconds)
             print(f"  round {index + 1}: " + " ".join(
                 f"{name} {seconds[name][-1]:.2f} s" for name in names), flush=True)
         return seconds
@@ -300,6 +348,44 @@ def paired_ratios(results: dict[str, Any]) -> list[str]:
                   for name, seconds in timed.items() if name != "plain"]
     if "stock" in timed and "speccompat" in timed:
         lines.append(line("speccompat vs stock", timed["stock"], timed["speccompat"]))
+    return lines
+
+
+def time_spent(passes: dict[str, list[Pass]]) -> list[str]:
+    """Per configuration: the reply's wait and, for extraction, the lock's after it (median
+    and 90th percentile over every request of every round); the steady rate (median over
+    the rounds) and its ratio to plain's; and the tail: the round's seconds less its
+    requests at the steady rate."""
+    def quantiles(values: list[float]) -> str:
+        cut = statistics.quantiles(values, n=10) if len(values) > 1 else values * 9
+        return f"{statistics.median(values) * 1e3:.0f} ms (p90 {cut[-1] * 1e3:.0f})"
+
+    def steady(name: str) -> float | None:
+        rates = [r for each in passes.get(name, []) if (r := each.steady_rate()) is not None]
+        return statistics.median(rates) if rates else None
+
+    plain_rate = steady("plain")
+    lines = []
+    for name, each in passes.items():
+        line = f"{name:<12} reply {quantiles([t for p in each for t in p.reply])}"
+        waits = [t for p in each for t in p.lock_wait]
+        if waits:
+            line += f"; lock wait after it {quantiles(waits)}"
+        if rate := steady(name):
+            vs = f" = {rate / plain_rate:.3f} of plain's" if plain_rate else ""
+            extra = statistics.median(p.seconds - len(p.done) * p.prompt_len / rate for p in each)
+            whole = statistics.median(p.seconds for p in each)
+            line += f"; steady {rate:.0f} tok/s{vs}; start and tail {extra:.2f} s of {whole:.2f}"
+        lines.append(line)
+    pairs = [(over, under) for over, under in (("stock", "speccompat"), ("plain", "stock"),
+                                               ("plain", "speccompat"))
+             if over in passes and under in passes]
+    for over, under in pairs:
+        ratios = [b / a for x, y in zip(passes[over], passes[under], strict=False)
+                  if (a := x.steady_rate()) and (b := y.steady_rate())]
+        if ratios:
+            lines.append(f"steady {under} vs {over}: median {statistics.median(ratios):.4f}, "
+                         f"range {min(ratios):.4f}..{max(ratios):.4f} over {len(ratios)} rounds")
     return lines
 
 
@@ -404,16 +490,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                   flush=True)
     timed = [name for name in args.configs if name != "cli"
              and not (name == "stock" and cpu)] if args.interleave else []
+    passes: dict[str, list[Pass]] = {}
     if timed:
         results.update(measure_interleaved(timed, model, workdir, args, rounds, warm,
-                                           layer_ids))
+                                           layer_ids, passes))
     for name in args.configs:
         if name in timed:
             continue
         if name == "stock" and cpu:
             results[name] = "n/a: the stock connector cannot write on vLLM's CPU build"
         else:
-            results[name] = measure(name, model, workdir, args, rounds, warm, layer_ids)
+            results[name] = measure(name, model, workdir, args, rounds, warm, layer_ids,
+                                    passes)
         print(f"  {name}: {results[name]}", flush=True)
     plain = results.get("plain")
     plain_median = statistics.median(plain) if isinstance(plain, list) else None
@@ -432,6 +520,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.interleave:
         print("\npaired per round (interleaved, the same prompts):")
         print("\n".join(paired_ratios(results)))
+    if passes:
+        print("\nwhere a round's time goes, per request (medians over every round):")
+        print("\n".join(time_spent(passes)))
     return 0
 
 
