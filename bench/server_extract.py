@@ -22,7 +22,9 @@ engine arguments:
              its steady state apart (tokens/s between the sizes); ``--cli-variants`` with
              and without ``--validate-outputs``, and with ``--output`` on another filesystem
              than the connector's ``shared_storage_path`` (``--other-fs``: a copy, not a
-             rename, per file)
+             rename, per file). Each run also prints the CLI's own account (speculators
+             0.9: seconds from its first sample, without its start; request and move per
+             sample)
 
 Prints one line per configuration: the median seconds of its rounds (``--rounds``, each
 over prompts of its own), prompt tokens/s, the ratio to ``plain``, and every round. Then where
@@ -45,6 +47,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -236,10 +239,22 @@ def run_cli(url: str, prompts: list[list[int]], concurrency: int, workdir: Path,
     command = serving.offline_data_command(f"{url}/v1", data, out, concurrency,
                                            validate=validate)
     started = time.perf_counter()
-    run = subprocess.run(command, capture_output=True, text=True, check=False)
+    # Wide columns: the CLI logs through rich, which folds lines at the terminal's width.
+    run = subprocess.run(command, capture_output=True, text=True, check=False,
+                         env={**os.environ, "COLUMNS": "400"})
     seconds = time.perf_counter() - started
     if run.returncode != 0:
         raise RuntimeError(f"generate-offline-data failed:\n{run.stderr[-3000:]}")
+    # Its own account (speculators >= 0.9): seconds from the first sample on, without the
+    # process's start and dataset load; average request and file move per sample.
+    own = re.search(r"Timing: ([\d.]+)s elapsed, [\d.]+ samples/s, avg vLLM request (\d+) ms, "
+                    r"avg file write (\d+) ms", run.stdout + run.stderr)
+    if own:
+        elapsed, request_ms, move_ms = float(own[1]), own[2], own[3]
+        tokens = sum(len(prompt) for prompt in prompts)
+        print(f"    speculators' own account: {elapsed:.1f} s from its first sample "
+              f"({tokens / elapsed:.0f} tok/s), per sample request {request_ms} ms, "
+              f"file move {move_ms} ms", flush=True)
     written = len(list(out.glob("hs_*.safetensors")))
     shutil.rmtree(out, ignore_errors=True)
     shutil.rmtree(data, ignore_errors=True)
