@@ -1,9 +1,9 @@
 #!/bin/bash
 # A detached job for the H200 (launch.sh starts it from /tmp/repo; logs go to /tmp/gpulogs).
-# The plan, most wanted first (a job cut off by device time keeps what finished): the hybrid
-# test alone (it never finished beside other servers), then issue #37's benches: plain /
-# stock / speccompat interleaved with the connector on /dev/shm, then the CLI at steady state
-# on disk.
+# The plan, most wanted first (a job cut off by device time keeps what finished): issue #37's
+# benches: plain / stock / speccompat interleaved with the connector on /dev/shm, then the CLI
+# at steady state on disk. The hybrid test (issue #35, passed on 0.34.0 on 2026-12-05) runs
+# first only with HYBRID_S set (seconds, e.g. 420).
 # Each step has its own limit; poll.sh brings back what is there whenever it is called.
 set -u
 source /tmp/repo/tools/gpu/job_start.sh
@@ -11,9 +11,11 @@ source /tmp/repo/tools/gpu/job_start.sh
 # 1000-token request; beside the hybrid servers it only added noise to both.)
 # Issue #35's last item: the hybrid servers with speccompat, one at a time, alone on the GPU
 # (HYBRID_K="" adds vLLM alone, which passed on 0.34.0 on 2026-12-04).
-timeout ${HYBRID_S:-420} python3 -m pytest -p no:cacheprovider -v -rs \
-    tests/gpu/test_hybrid_zero_rows.py -k "${HYBRID_K-not without_speccompat}" \
-    > /tmp/gpulogs/hybrid.log 2>&1; step "hybrid rc $?"
+if [ -n "${HYBRID_S:-}" ]; then
+    timeout $HYBRID_S python3 -m pytest -p no:cacheprovider -v -rs \
+        tests/gpu/test_hybrid_zero_rows.py -k "${HYBRID_K-not without_speccompat}" \
+        > /tmp/gpulogs/hybrid.log 2>&1; step "hybrid rc $?"
+fi
 # Issue #37 item 1: plain / stock / speccompat, their servers up together and the rounds in
 # turn, the connector writing to /dev/shm (the disk out of the figures).
 timeout ${SHM_S:-500} python3 bench/server_extract.py --llama-8b-shapes --prompts 512 \
