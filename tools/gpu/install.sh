@@ -1,13 +1,16 @@
 #!/bin/bash
-# after the last part: unpack, install the staged wheels and speccompat's into /tmp/site
+# after the last part: unpack the parts in $STAGE (default /tmp/stage), install the staged
+# wheels and speccompat's into $SITE (default /tmp/site; a second staging of another vLLM
+# goes to a folder of its own, e.g. STAGE=/tmp/stage22 SITE=/tmp/site22)
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+STAGE=${STAGE:-/tmp/stage} SITE=${SITE:-/tmp/site}
 t0=$(date +%s)
-rm -rf /tmp/stage/x && mkdir -p /tmp/stage/x
-cat /tmp/stage/part_* | tar xf - -C /tmp/stage/x || { echo "UNPACK FAILED"; ls -la /tmp/stage; exit 3; }
+rm -rf $STAGE/x && mkdir -p $STAGE/x
+cat $STAGE/part_* | tar xf - -C $STAGE/x || { echo "UNPACK FAILED"; ls -la $STAGE; exit 3; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site /tmp/stage/x/wheels/*.whl 2>&1 | grep -v 'already exists' | tail -5
+    --target $SITE $STAGE/x/wheels/*.whl 2>&1 | grep -v 'already exists' | tail -5
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site "$here"/speccompat-*.whl 2>&1 | grep -v 'already exists' | tail -3
-rm -rf /tmp/stage/x /tmp/stage/part_*
-echo "installed in $(( $(date +%s) - t0 )) s"; du -sh /tmp/site; df -h /tmp | tail -1
+    --target $SITE "$here"/speccompat-*.whl 2>&1 | grep -v 'already exists' | tail -3
+rm -rf $STAGE/x $STAGE/part_*
+echo "installed in $(( $(date +%s) - t0 )) s"; du -sh $SITE; df -h /tmp | tail -1
