@@ -34,6 +34,8 @@ file's write and speculators' 0.1 s lock poll); and the steady rate, prompt toke
 the 10th and the 90th percentile of the requests' completions (a request completes at its
 reply for ``plain``, once its file is whole for extraction), apart from the round's start
 and its tail of last writes, which a dataset of many rounds' size hardly sees.
+``--profile DIR`` adds one pass per configuration under vLLM's torch profiler and prints, from
+its traces, the GPU's busy and idle time, the DtoH copies and the host's waiting CUDA calls.
 ``--interleave`` keeps every timed configuration's server up at once and runs each round on
 each in turn, then prints per-round paired ratios (what resolves a 1% difference when the
 host's rounds drift by 5%).
@@ -118,6 +120,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="every timed configuration's server up at once, the rounds in "
                         "turn (give each its GPU share after --, e.g. --gpu-memory-utilization "
                         "0.25); prints per-round paired ratios. cli still runs alone, after")
+    parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
+                        help="after the timed rounds, one more pass of --profile-prompts per "
+                        "configuration under vLLM's torch profiler (traces under DIR/<name>); "
+                        "prints per configuration the pass's span, the GPU's busy and idle "
+                        "time, its DtoH copies and the host's waiting CUDA calls")
+    parser.add_argument("--profile-prompts", type=int, default=128)
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("vllm_args", nargs="*", help="more engine arguments, after --")
     return parser.parse_args(argv)
@@ -289,8 +297,12 @@ def start_server(name: str, model: Path, workdir: Path, args: Any,
     folder = workdir / name
     folder.mkdir(parents=True, exist_ok=True)
     storage = args.storage / f"{name}-{os.getpid()}" if args.storage else None
+    profile = ["--profiler-config", json.dumps({
+        "profiler": "torch", "torch_profiler_dir": str(args.profile.resolve() / name),
+        "torch_profiler_with_stack": False})] if args.profile and name != "cli" else []
     return serving.serve(model, folder, None if name == "plain" else layer_ids,
-                         *args.vllm_args, env=CONFIG_ENV[name], eager=not args.no_eager,
+                         *args.vllm_args, *profile, env=CONFIG_ENV[name],
+                         eager=not args.no_eager,
                          max_model_len=max(1024, args.prompt_len + 16), storage=storage)
 
 
@@ -317,6 +329,8 @@ def measure(name: str, model: Path, workdir: Path, args: Any, rounds: list[list[
             return [run_cli(srv.url, rounds[0], args.concurrency, workdir / name / "cli")]
         passes[name] = [timed_pass(name, srv, model, prompts, args.concurrency)
                         for prompts in rounds]
+        if args.profile:
+            profiled_pass(name, srv, model, args)
         return [each.seconds for each in passes[name]]
 
 
@@ -345,7 +359,79 @@ def measure_interleaved(names: list[str], model: Path, workdir: Path, args: Any,
                 seconds[name].append(timing.seconds)
             print(f"  round {index + 1}: " + " ".join(
                 f"{name} {seconds[name][-1]:.2f} s" for name in names), flush=True)
+        if args.profile:
+            for name, srv in servers.items():
+                profiled_pass(name, srv, model, args)
         return seconds
+
+
+def profiled_pass(name: str, srv: Any, model: Path, args: Any) -> None:
+    """One pass over ``args.profile_prompts`` between the server's ``/start_profile`` and
+    ``/stop_profile`` (the profiler's cost falls on this pass only, which is not timed)."""
+    import urllib.request
+
+    def post(path: str) -> None:
+        urllib.request.urlopen(urllib.request.Request(f"{srv.url}{path}", method="POST"),
+                               timeout=600).read()
+
+    post("/start_profile")
+    try:
+        timed_pass(name, srv, model, args.profile_prompts, args.concurrency)
+    finally:
+        post("/stop_profile")  # the workers write their traces here
+
+
+def busy_seconds(intervals: list[tuple[float, float]]) -> float:
+    """Seconds covered by the union of ``(start, end)`` intervals (kernels of several streams
+    overlap)."""
+    covered, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            covered += end - max(start, reach)
+            reach = end
+    return covered
+
+
+# The host's CUDA calls that wait (or may: a pageable copy, a pinned allocation).
+WAITING_CALLS = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize",
+                 "cudaMemcpyAsync", "cudaMemcpy", "cudaHostAlloc", "cudaFreeHost",
+                 "cudaStreamWaitEvent")
+
+
+def trace_summary(folder: Path) -> list[str]:
+    """Per torch-profiler trace under ``folder`` (one per process that profiled): the span
+    of its events, the GPU's busy time (the union of its kernels) and idle time in that
+    span, the DtoH copies, and the host's waiting CUDA calls (count, total)."""
+    import gzip
+
+    lines = []
+    for path in sorted(folder.rglob("*.json*")):
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt") as stream:
+            events = [e for e in json.load(stream).get("traceEvents", [])
+                      if e.get("ph") == "X" and "dur" in e]
+        if not events:
+            continue
+        span = (max(e["ts"] + e["dur"] for e in events) - min(e["ts"] for e in events)) / 1e6
+        kernels = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "kernel"]
+        line = f"  {path.name[:60]}: span {span:.2f} s"
+        if kernels:
+            busy = busy_seconds(kernels) / 1e6
+            line += f", GPU busy {busy:.2f} s, idle {span - busy:.2f} s"
+        dtoh = [e["dur"] for e in events
+                if e.get("cat") == "gpu_memcpy" and "DtoH" in e.get("name", "")]
+        if dtoh:
+            line += f", DtoH copies {len(dtoh)} x, {sum(dtoh) / 1e6:.3f} s"
+        calls: dict[str, list[float]] = {}
+        for event in events:
+            if event.get("cat") in ("cuda_runtime", "cuda_driver") \
+                    and event.get("name") in WAITING_CALLS:
+                calls.setdefault(event["name"], []).append(event["dur"])
+        waits = sorted(calls.items(), key=lambda item: -sum(item[1]))
+        line += "".join(f"; {call} {len(durs)} x {sum(durs) / 1e6:.3f} s"
+                        for call, durs in waits)
+        lines.append(line)
+    return lines
 
 
 def paired_ratios(results: dict[str, Any]) -> list[str]:
@@ -479,6 +565,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Warm-up prompts of their own: prefix caching would serve repeated prompts from cache.
     warm = tiny_models.make_prompts(vocab, [args.prompt_len] * max(2, args.concurrency),
                                     seed=1)
+    args.profile_prompts = tiny_models.make_prompts(
+        vocab, [args.prompt_len] * args.profile_prompts, seed=7)
     tokens = sum(len(p) for p in rounds[0])
     cpu = on_cpu_build()
     if cpu:
@@ -538,6 +626,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if passes:
         print("\nwhere a round's time goes, per request (medians over every round):")
         print("\n".join(time_spent(passes)))
+    if args.profile:
+        for name in passes:
+            print(f"\nprofiled pass of {name} ({len(args.profile_prompts)} prompts; "
+                  f"traces in {args.profile / name}):")
+            print("\n".join(trace_summary(args.profile / name)) or "  no trace written")
     return 0
 
 

@@ -17,12 +17,17 @@ if [ -n "${HYBRID_S:-}" ]; then
         > /tmp/gpulogs/hybrid.log 2>&1; step "hybrid rc $?"
 fi
 # Issue #37 item 1: plain / stock / speccompat, their servers up together and the rounds in
-# turn, the connector writing to /dev/shm (the disk out of the figures).
-timeout ${SHM_S:-500} python3 bench/server_extract.py --llama-8b-shapes --prompts 512 \
+# turn, the connector writing to /dev/shm (the disk out of the figures); then one profiled
+# pass each (where the time goes; vLLM's op tables come back, the traces stay in /tmp/prof).
+timeout ${SHM_S:-560} python3 bench/server_extract.py --llama-8b-shapes --prompts 512 \
     --prompt-len 1000 --concurrency 32 --no-eager --rounds ${ROUNDS:-4} --interleave \
     --configs plain stock speccompat --storage /dev/shm/hs --workdir /tmp/bench-shm \
+    --profile /tmp/prof --profile-prompts 128 \
     -- --gpu-memory-utilization 0.3 > /tmp/gpulogs/bench_shm.log 2>&1
 step "bench shm rc $?"; rm -rf /dev/shm/hs /tmp/bench-shm
+for f in /tmp/prof/*/*profiler_out*.txt; do
+    [ -f "$f" ] && cp "$f" "/tmp/gpulogs/prof-$(basename "$(dirname "$f")")-$(basename "$f")"
+done
 # Issue #37 item 2: speculators' CLI at steady state (storage on the host's disk, as users
 # have it), with and without --validate-outputs, and its output on another filesystem; the
 # plain prefill to compare with is the interleaved run's.
