@@ -366,7 +366,7 @@ def measure_interleaved(names: list[str], model: Path, workdir: Path, args: Any,
 
 
 def profiled_pass(name: str, srv: Any, model: Path, args: Any) -> None:
-    """One pass over ``args.profile_prompts`` between the server's ``/start_profile`` and
+    """One pass over ``args.profile_round`` between the server's ``/start_profile`` and
     ``/stop_profile`` (the profiler's cost falls on this pass only, which is not timed)."""
     import urllib.request
 
@@ -376,7 +376,7 @@ def profiled_pass(name: str, srv: Any, model: Path, args: Any) -> None:
 
     post("/start_profile")
     try:
-        timed_pass(name, srv, model, args.profile_prompts, args.concurrency)
+        timed_pass(name, srv, model, args.profile_round, args.concurrency)
     finally:
         post("/stop_profile")  # the workers write their traces here
 
@@ -565,7 +565,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Warm-up prompts of their own: prefix caching would serve repeated prompts from cache.
     warm = tiny_models.make_prompts(vocab, [args.prompt_len] * max(2, args.concurrency),
                                     seed=1)
-    args.profile_prompts = tiny_models.make_prompts(
+    args.profile_round = tiny_models.make_prompts(
         vocab, [args.prompt_len] * args.profile_prompts, seed=7)
     tokens = sum(len(p) for p in rounds[0])
     cpu = on_cpu_build()
@@ -628,7 +628,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\n".join(time_spent(passes)))
     if args.profile:
         for name in passes:
-            print(f"\nprofiled pass of {name} ({len(args.profile_prompts)} prompts; "
+            print(f"\nprofiled pass of {name} ({args.profile_prompts} prompts; "
                   f"traces in {args.profile / name}):")
             print("\n".join(trace_summary(args.profile / name)) or "  no trace written")
     return 0
