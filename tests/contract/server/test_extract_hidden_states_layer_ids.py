@@ -169,13 +169,18 @@ def test_raw_deepseek_v4_never_captures_before_layer_0() -> None:
     ``idx + 1`` after each layer (V4.1: the next layer hands back the previous layer's state
     through ``capture_previous_aux``, and layer 0 has none), never ``idx`` before it: id 0 is
     never captured, and speccompat's first-layer adapter patches DeepseekV2Model, not this.
-    ``servable_aux_ids`` refuses id 0 for these architectures whatever that adapter does."""
+    ``servable_aux_ids`` refuses id 0 for these architectures whatever that adapter does.
+    A platform's model with no aux capture at all captures no id either (vLLM 0.25.0's AMD
+    one, before it gained the capture in 0.26.0)."""
     found = {module: text for module in DEEPSEEK_V4_MODELS
              if (text := module_source(module)) is not None}
     if not found:
         pytest.skip(f"vLLM {_installed()} has no vllm.models.deepseek_v4 model modules: "
                     "DeepseekV4Model has an aux capture from vLLM 0.25.0 only")
-    for module, text in found.items():
+    capturing = {module: text for module, text in found.items()
+                 if "aux_hidden_state_layers" in text}
+    assert capturing, f"no DeepseekV4Model captures aux states: {sorted(found)}"
+    for module, text in capturing.items():
         assert "class DeepseekV4Model(" in text, module
         after = re.search(r"\(?idx \+ 1\)? in self\.aux_hidden_state_layers", text)
         previous = "capture_previous_aux=idx in self.aux_hidden_state_layers" in text
