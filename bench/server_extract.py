@@ -381,13 +381,17 @@ def profiled_pass(name: str, srv: Any, model: Path, args: Any) -> None:
         post("/stop_profile")  # the workers write their traces here
 
 
+def ratio_line(label: str, ratios: list[float]) -> str:
+    """Per-round ratios of one comparison: their median and range."""
+    return (f"{label:<22} median {statistics.median(ratios):.4f}, range "
+            f"{min(ratios):.4f}..{max(ratios):.4f} over {len(ratios)} rounds")
+
+
 def paired_ratios(results: dict[str, Any]) -> list[str]:
     """Per-round ratios of interleaved runs (same prompts, same minute): each configuration
     against plain, and speccompat against stock; median and range over the rounds."""
     def line(label: str, over: list[float], under: list[float]) -> str:
-        ratios = [a / b for a, b in zip(over, under, strict=True)]
-        return (f"{label:<22} median {statistics.median(ratios):.4f}, range "
-                f"{min(ratios):.4f}..{max(ratios):.4f} over {len(ratios)} rounds")
+        return ratio_line(label, [a / b for a, b in zip(over, under, strict=True)])
 
     timed = {k: v for k, v in results.items() if isinstance(v, list)}
     lines = []
@@ -432,8 +436,7 @@ def time_spent(passes: dict[str, list[Pass]]) -> list[str]:
         ratios = [b / a for x, y in zip(passes[over], passes[under], strict=False)
                   if (a := x.steady_rate()) and (b := y.steady_rate())]
         if ratios:
-            lines.append(f"steady {under} vs {over}: median {statistics.median(ratios):.4f}, "
-                         f"range {min(ratios):.4f}..{max(ratios):.4f} over {len(ratios)} rounds")
+            lines.append(ratio_line(f"steady {under} vs {over}", ratios))
     return lines
 
 
@@ -513,7 +516,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     warm = tiny_models.make_prompts(vocab, [args.prompt_len] * max(2, args.concurrency),
                                     seed=1)
     args.profile_round = tiny_models.make_prompts(
-        vocab, [args.prompt_len] * args.profile_prompts, seed=7)
+        vocab, [args.prompt_len] * args.profile_prompts, seed=7) if args.profile else []
     tokens = sum(len(p) for p in rounds[0])
     cpu = on_cpu_build()
     if cpu:
