@@ -5,9 +5,11 @@ SITE=${SITE:-/tmp/site}
 SP=$(env -u PYTHONPATH python3 -c "import torch,os;print(os.path.dirname(os.path.dirname(torch.__file__)))")
 NVLIBS=$(ls -d $SP/nvidia/*/lib $SP/nvidia/cu13/lib 2>/dev/null | tr '\n' ':')
 export LD_LIBRARY_PATH=$SITE/nvidia/nccl/lib:${NVLIBS}${LD_LIBRARY_PATH:-}
-# The CUTLASS DSL's packages only where its libraries were staged (the --keep flags): a
-# `cutlass` without `_mlir` on the path breaks every vLLM 0.34.0 server at warm-up, whose
-# kernel_warmup imports MiniMax-M3's CuTe ops for any model (seen on 2026-12-05).
+# The CUTLASS DSL's packages, which pth files would put on the path but PYTHONPATH does not
+# reach. vLLM 0.34.0's kernel_warmup imports MiniMax-M3's CuTe ops for any model on CUDA, so
+# its servers need the DSL whole (the --keep flags; install.sh refuses a staging without
+# them): without `_mlir` the import fails ("No module named 'cutlass._mlir'", 2026-12-05),
+# and without the path too ("No module named 'cutlass'", 2026-12-06).
 DSL=$SITE/nvidia_cutlass_dsl/dsl_packages
 [ -d $DSL/cutlass/_mlir ] || DSL=
 export PYTHONPATH=$SITE${DSL:+:$DSL}:$REPO/tests

@@ -13,4 +13,9 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target $SITE "$here"/speccompat-*.whl 2>&1 | grep -v 'already exists' | tail -3
 rm -rf $STAGE/x $STAGE/part_*
+if [ -d $SITE/vllm/models/minimax_m3 ] && [ ! -d $SITE/nvidia_cutlass_dsl/dsl_packages/cutlass/_mlir ]; then
+    echo "STAGING INCOMPLETE: this vLLM's CUDA servers import the CUTLASS DSL at warm-up and"
+    echo "its libraries were not staged; stage again with tools/gpu/README's --keep flags"
+    exit 4
+fi
 echo "installed in $(( $(date +%s) - t0 )) s"; du -sh $SITE; df -h /tmp | tail -1
