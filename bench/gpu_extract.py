@@ -262,6 +262,10 @@ def measure(kind: str, model: Path, prompts_file: Path, batch: int, tp: int,
                            "--tp", str(tp),
                            *(["--profile"] if profile else [])],
                           env=env, capture_output=True, text=True)
+    # speccompat's warnings (e.g. a shared-memory slot left pageable) explain a slow figure.
+    for line in (proc.stdout + proc.stderr).splitlines():
+        if "speccompat:" in line and "WARNING" in line:
+            print(f"  {kind}: {line.strip()}")
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             return dict(json.loads(line[7:]))

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import mmap
 import os
 import uuid
@@ -52,6 +53,9 @@ GROWTH = 1.25  # a slot grows with headroom: batch sizes vary from call to call
 MAX_PINNED_SLOTS = 2
 
 Layout = list[tuple[str, tuple[int, ...], int]]
+
+_LOG = logging.getLogger("vllm.speccompat")
+_unpinned_warned = False
 
 
 class SharedTensors(list):  # type: ignore[type-arg]
@@ -146,16 +150,23 @@ class _Slot:
         asynchronously). Where the driver refuses, the copies stay pageable (correct, slower)."""
         import torch
 
-        if not self.may_pin or self.pinned_at is not None:
+        if self.pinned_at is not None:
+            return
+        if not self.may_pin:
+            _warn_unpinned(self.size, f"{MAX_PINNED_SLOTS} other slots, still mapped by "
+                           "their reader, hold the page locks")
             return
 
         address = torch.frombuffer(self.mapping, dtype=torch.uint8).data_ptr()
         try:
             status = int(torch.cuda.cudart().cudaHostRegister(address, self.size, 0))
-        except (AttributeError, RuntimeError):  # a torch without the binding
+        except (AttributeError, RuntimeError) as exc:  # a torch without the binding
+            _warn_unpinned(self.size, f"{type(exc).__name__}: {exc}")
             return
         if status == 0:
             self.pinned_at = address
+        else:
+            _warn_unpinned(self.size, f"cudaHostRegister returned CUDA error {status}")
 
     def handed(self) -> None:
         self.mapping[HANDED] = 1
@@ -221,6 +232,19 @@ def _pool() -> _Pool:
     if _POOL is None:
         _POOL = _Pool()
     return _POOL
+
+
+def _warn_unpinned(size: int, why: str) -> None:
+    """Once per process: a slow path must say so (a streamed copy into pageable memory
+    blocks the worker until it is done instead of running beside the next forward)."""
+    global _unpinned_warned
+    if _unpinned_warned:
+        return
+    _unpinned_warned = True
+    _LOG.warning(
+        "speccompat: could not page-lock a %.2f GiB shared-memory slot for the captured "
+        "hidden states (%s); copies to the host stay pageable: correct, but they no longer "
+        "overlap the forward, so extraction is slower", size / 2**30, why)
 
 
 class Reservation:

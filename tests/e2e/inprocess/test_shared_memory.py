@@ -5,6 +5,7 @@ Real torch, real files under /dev/shm, a second process as the reader."""
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import pickle
 import subprocess
@@ -122,6 +123,58 @@ def test_only_two_slots_are_page_locked() -> None:
     assert pool is not None and len(pool.slots) == 4
     assert [s.may_pin for s in pool.slots] == [True, True, False, False]
     assert [total(k) for k in kept] == [total(batch(float(n))) for n in range(4)]
+
+
+class _RefusingCudart:
+    """torch.cuda.cudart() of a host whose driver refuses to page-lock (the CPU machines of
+    these tests have no CUDA to refuse)."""
+
+    def cudaHostRegister(self, address: int, size: int, flags: int) -> int:
+        return 2  # cudaErrorMemoryAllocation
+
+
+@pytest.fixture
+def speccompat_warnings(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """The warnings of speccompat's logger, caught on the logger itself: vLLM's logging
+    setup, where an earlier test imported vLLM, stops them before the root logger."""
+    monkeypatch.setattr(shm, "_unpinned_warned", False)
+    caught: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: caught.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("vllm.speccompat")
+    logger.addHandler(handler)
+    try:
+        yield caught
+    finally:
+        logger.removeHandler(handler)
+
+
+def test_a_slot_left_pageable_says_so_once(monkeypatch: pytest.MonkeyPatch,
+                                           speccompat_warnings: list[str]) -> None:
+    monkeypatch.setattr(torch.cuda, "cudart", _RefusingCudart)
+    pool = shm._pool()
+    refused = pool.slot_for(1 << 20)
+    assert refused is not None
+    refused.reserved = True  # taken, so the next call makes a second slot
+    unlockable = pool.slot_for(1 << 20)
+    assert unlockable is not None and unlockable is not refused
+    unlockable.may_pin = False  # as a third slot beside two held ones
+    refused.pin()
+    refused.pin()
+    unlockable.pin()
+    assert refused.pinned_at is None and unlockable.pinned_at is None
+    assert len(speccompat_warnings) == 1, speccompat_warnings
+    assert "CUDA error 2" in speccompat_warnings[0]
+    assert "extraction is slower" in speccompat_warnings[0]
+
+
+def test_a_slot_beyond_the_page_locked_two_names_its_reason(
+        speccompat_warnings: list[str]) -> None:
+    slot = shm._pool().slot_for(1 << 20)
+    assert slot is not None
+    slot.may_pin = False
+    slot.pin()
+    assert len(speccompat_warnings) == 1 and "hold the page locks" in speccompat_warnings[0]
 
 
 def test_a_slot_too_small_gives_its_page_lock_to_the_new_one() -> None:
