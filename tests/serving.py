@@ -75,20 +75,26 @@ class Server:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def log_text(self) -> str:
+        """The server's whole log so far."""
+        try:
+            return self.log.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+
     def log_tail(self, chars: int = 6000) -> str:
         """The log's end, after its first traceback when that lies before the end: a worker's
         root cause comes first, and the engine's and API server's tracebacks that follow it
         fill the tail (CI on 2026-12-05 showed only those)."""
-        try:
-            text = self.log.read_text(errors="replace")
-        except OSError:
-            return "(no log)"
+        text = self.log_text()
+        tail_start = max(len(text) - chars, 0)
         first = text.find("Traceback (most recent call last)")
-        if first == -1 or first >= len(text) - chars:
-            return text[-chars:]
+        if first == -1 or first >= tail_start:
+            return text[tail_start:]
         line_start = text.rfind("\n", 0, first) + 1
-        return (f"{text[line_start:line_start + chars]}\n[... the log's first traceback above, "
-                f"its end below ...]\n{text[-chars:]}")
+        head = text[line_start:min(line_start + chars, tail_start)]
+        return (f"{head}\n[... the log's first traceback above, its end below ...]\n"
+                f"{text[tail_start:]}")
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -168,7 +174,7 @@ def _wait_until_ready(server: Server) -> bool:
     deadline = time.monotonic() + READY_SECONDS
     while not _healthy(server.url):
         if not server.alive():
-            return PORT_TAKEN not in server.log_tail(10**9).lower()
+            return PORT_TAKEN not in server.log_text().lower()
         if time.monotonic() > deadline:
             raise TimeoutError(f"vllm serve not ready after {READY_SECONDS:.0f} s; its "
                                f"log ends:\n{server.log_tail()}")
@@ -330,11 +336,11 @@ def wait_for_engine_death(srv: Server, seconds: float = 120.0) -> str:
     """The server's whole log once its engine died (or ``seconds`` passed)."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        log = srv.log_tail(10**7)
+        log = srv.log_text()
         if not srv.alive() or "EngineDeadError" in log or "EngineCore encountered" in log:
             return log
         time.sleep(1)
-    return srv.log_tail(10**7)
+    return srv.log_text()
 
 
 # The client side shared by the e2e server tests: speculators' own CLI, speccompat verify, and

@@ -74,7 +74,7 @@ def _serve_and_fetch(model: Path, work: Path, mode: Mode, extra: tuple[str, ...]
         with serving.serve(model, work, ids, "--dtype", mode.dtype, *GPU_ARGS, *extra,
                           env=env, eager=mode.eager) as srv:
             states = [serving.fetch_states(srv, prompt) for prompt in _prompts()]
-            log = srv.log_tail(10**7)
+            log = srv.log_text()
     finally:
         if folder := os.environ.get("SPECCOMPAT_GPU_LOGS"):
             Path(folder).mkdir(parents=True, exist_ok=True)

@@ -81,7 +81,7 @@ def test_unordered_and_repeated_ids_give_slots_in_layer_order(tiny_llama: Path, 
     env = {"VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache")}
     with serving.serve(tiny_llama, tmp_path, asked, *GPU_ARGS, env=env, eager=eager) as srv:
         states = [serving.fetch_states(srv, prompt) for prompt in prompts]
-        log = srv.log_tail(10**7)
+        log = srv.log_text()
     mode = "eager" if eager else "compiled"
     lines = [f"{mode}: runner {_runner(log)}; slot line: "
              f"{'the files hold slot 0 = id 1, slot 1 = id 2' in log}"]
@@ -119,7 +119,7 @@ def test_without_speccompat_a_repeated_id(tiny_llama: Path, tmp_path: Path) -> N
                     outcome += f", file shape {shape}"
                 except (AssertionError, TimeoutError) as error:
                     outcome += f", no file: {str(error)[:200]}"
-            log = srv.log_tail(10**7)
+            log = srv.log_text()
     except RuntimeError as error:
         # The runner is named in the server's log, not in the error's tail.
         server_log = tmp_path / "server.log"

@@ -68,7 +68,7 @@ def _extract_and_compare(model: Path, tmp_path: Path, name: str, *extra: str,
                           eager=eager) as srv:
             states = [serving.fetch_states(srv, prompt) for prompt in prompts]
             again = serving.fetch_states(srv, prompts[1])  # a second batch, prefix-cached
-            log = srv.log_tail(10**7)
+            log = srv.log_text()
     finally:
         _keep_log(tmp_path, name)
     reference = hf_reference.layer_inputs(model, prompts)

@@ -104,7 +104,7 @@ def test_normalized_the_server_serves_the_states(llama_fp32: Path, tmp_path: Pat
     prompts = serving.prompts((9, 40))
     with serving.serve(llama_fp32, tmp_path, IDS, "--dtype", "float32") as srv:
         states = [serving.fetch_states(srv, prompt) for prompt in prompts]
-        log = srv.log_tail(10**7)
+        log = srv.log_text()
     assert ID in log  # the plugin's one line names the adapters it applied
     reference = hf_reference.layer_inputs(llama_fp32, prompts)
     for got, want in zip(states, reference, strict=True):

@@ -85,7 +85,7 @@ def test_normalized_the_final_id_is_the_final_pre_norm_state(tiny_deepseek: Path
     with serving.serve(tiny_deepseek, tmp_path, ids, *serving.DEEPSEEK_CPU_ARGS,
                       *serving.NO_CHUNKED_PREFILL, env=serving.DEEPSEEK_CPU_ENV) as srv:
         states = [serving.fetch_states(srv, prompt) for prompt in prompts]
-        log = srv.log_tail(10**7)
+        log = srv.log_text()
     assert ID in log  # the plugin's one line names the adapters it applied
     reference = hf_reference.layer_inputs(tiny_deepseek, prompts)
     for got, want in zip(states, reference, strict=True):

@@ -101,7 +101,7 @@ def test_normalized_chunked_prompts_match_hf(llama_fp32: Path, tmp_path: Path) -
     prompts = serving.prompts((200, 9, 70))
     with serving.serve(llama_fp32, tmp_path, ids, *CHUNKED) as srv:
         states = [serving.fetch_states(srv, prompt) for prompt in prompts]
-        log = srv.log_tail(10**7)
+        log = srv.log_text()
     assert ID in log  # the plugin's one line names the adapters it applied
     assert "speccompat refused to write" not in log
     reference = hf_reference.layer_inputs(llama_fp32, prompts)

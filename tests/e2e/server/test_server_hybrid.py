@@ -66,7 +66,7 @@ def test_hybrid_every_id_whole_and_as_hf(qwen3_next: Path, tmp_path: Path) -> No
     with serving.serve(qwen3_next, tmp_path, ids, "--distributed-executor-backend",
                       "mp") as srv:
         states = [serving.fetch_states(srv, prompt) for prompt in prompts]
-        log = srv.log_tail(10**7)
+        log = srv.log_text()
     assert "server-path adapters applied" in log
     assert "refused to write" not in log  # the zero-row guard
     reference = hf_reference.layer_inputs(qwen3_next, prompts)
