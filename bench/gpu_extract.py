@@ -5,6 +5,10 @@ A random-weight bf16 model with Llama-3.1-8B's shapes is built locally from a co
 (a clean GPU), after a warm-up batch, and prints tokens/s:
 
   (a) vLLM ``LLM.generate`` with ``max_tokens=1``: prefill, no capture;
+  (a') the same with the engine settings of speculators 0.3.0's generator and its batches
+      (``--only vllm-as-generator``: eager, at most 32 sequences and 8192 tokens a step,
+      one ``generate`` per batch): what (b) would cost without any capture, so that
+      (b)/(a') is the capture's cost and (a')/(a) that of the generator's settings;
   (b) speculators 0.3.0's VllmHiddenStatesGenerator after ``speccompat.apply()``,
       4 layers captured and returned on the CPU;
   (b') the same without ``speculators.generator_sample_copy`` (``--only
@@ -42,6 +46,8 @@ LLAMA_31_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=
 LAYER_IDS = [2, 16, 29, 31]  # speculators' default for 32 layers
 SAMPLE_COPY = "speculators.generator_sample_copy"  # the adapter (b') goes without
 MAX_MODEL_LEN = 2049
+# speculators 0.3.0's VllmHiddenStatesGenerator._create_vllm_config, for (a')
+GENERATOR_ENGINE: dict[str, Any] = dict(enforce_eager=True, max_num_seqs=32, block_size=16)
 
 
 def llama_8b_config() -> Any:
@@ -104,6 +110,26 @@ def run_vllm(model: str, prompts: list[list[int]], tp: int) -> float:
     llm.generate(as_inputs[:16], params, use_tqdm=False)
     start = time.perf_counter()
     llm.generate(as_inputs, params, use_tqdm=False)
+    return time.perf_counter() - start
+
+
+def run_vllm_as_generator(model: str, prompts: list[list[int]], batch: int, tp: int) -> float:
+    """(a'): vLLM prefill as speculators 0.3.0's generator configures it (its
+    ``_create_vllm_config``: ``enforce_eager=True``, ``max_num_seqs=32``,
+    ``max_num_batched_tokens=max(8192, max_model_len)``, block size 16), one ``generate``
+    per batch as the generator is called, no capture."""
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(model=model, max_model_len=MAX_MODEL_LEN, enable_prefix_caching=False,
+              gpu_memory_utilization=0.8, tensor_parallel_size=tp,
+              max_num_batched_tokens=max(8192, MAX_MODEL_LEN), **GENERATOR_ENGINE)
+    params = SamplingParams(max_tokens=1, temperature=0.0)
+    as_inputs = [{"prompt_token_ids": p} for p in prompts]
+    for at in (0, batch):  # (b)'s warm-up: its first two batches
+        llm.generate(as_inputs[at:at + batch], params, use_tqdm=False)
+    start = time.perf_counter()
+    for at in range(0, len(as_inputs), batch):
+        llm.generate(as_inputs[at:at + batch], params, use_tqdm=False)
     return time.perf_counter() - start
 
 
@@ -240,6 +266,7 @@ def child(kind: str, model: str, prompts_file: str, batch: int, tp: int,
           profile: bool) -> None:
     prompts = json.loads(Path(prompts_file).read_text())
     runner = {"vllm": lambda: run_vllm(model, prompts, tp),
+              "vllm-as-generator": lambda: run_vllm_as_generator(model, prompts, batch, tp),
               "speculators": lambda: run_speculators(model, prompts, batch, tp, profile),
               "speculators-copy": lambda: run_speculators(
                   model, prompts, batch, tp, profile, exclude=(SAMPLE_COPY,)),
@@ -316,16 +343,22 @@ def main() -> int:
             for phase, spent in sorted(result["phases"].items()):
                 print(f"  {spent:8.3f} s  {phase}", flush=True)
     a, b, c = rates.get("vllm"), rates.get("speculators"), rates.get("hf")
+    a_gen = rates.get("vllm-as-generator")
     b_copy, b_after = rates.get("speculators-copy"), rates.get("speculators-after")
     print(f"\n{len(prompts)} prompts, {tokens} tokens, {torch.cuda.get_device_name()}, "
           f"TP={args.tp} for (a) and (b)")
     print(f"(a) vLLM prefill              {a or 0:10.0f} tokens/s")
+    print(f"(a') (a) as the generator runs {a_gen or 0:9.0f} tokens/s")
     print(f"(b) speculators + speccompat  {b or 0:10.0f} tokens/s   target >= 27000")
     print(f"(b') (b) with speculators' copy {b_copy or 0:8.0f} tokens/s")
     print(f"(b'') (b), copied after the forward {b_after or 0:4.0f} tokens/s")
     print(f"(c) HF output_hidden_states   {c or 0:10.0f} tokens/s")
     if a and b:
         print(f"(b)/(a) = {b / a:.3f}   target >= 0.95")
+    if a and a_gen:
+        print(f"(a')/(a) = {a_gen / a:.3f}   the generator's engine settings and batches")
+    if a_gen and b:
+        print(f"(b)/(a') = {b / a_gen:.3f}   the capture, with the same settings")
     if a and b_copy:
         print(f"(b')/(a) = {b_copy / a:.3f}")
     if a and b_after:

@@ -19,8 +19,10 @@ fi
 # Issue #37 item 1: plain / stock / speccompat, their servers up together and the rounds in
 # turn, the connector writing to /dev/shm (the disk out of the figures); then one profiled
 # pass each (where the time goes; vLLM's op tables come back, the traces stay in /tmp/prof).
+# EAGER=1: the servers as `--enforce-eager` runs them (users' CUDA servers often do).
+MODE=--no-eager; [ -n "${EAGER:-}" ] && MODE=""
 timeout ${SHM_S:-560} python3 bench/server_extract.py --llama-8b-shapes --prompts 512 \
-    --prompt-len 1000 --concurrency 32 --no-eager --rounds ${ROUNDS:-4} --interleave \
+    --prompt-len 1000 --concurrency 32 $MODE --rounds ${ROUNDS:-4} --interleave \
     --configs plain stock speccompat --storage /dev/shm/hs --workdir /tmp/bench-shm \
     --profile /tmp/prof --profile-prompts 128 \
     -- --gpu-memory-utilization 0.3 > /tmp/gpulogs/bench_shm.log 2>&1
@@ -30,10 +32,13 @@ for f in /tmp/prof/*/*profiler_out*.txt; do
 done
 # Issue #37 item 2: speculators' CLI at steady state (storage on the host's disk, as users
 # have it), with and without --validate-outputs, and its output on another filesystem; the
-# plain prefill to compare with is the interleaved run's.
-timeout ${CLI_S:-330} python3 bench/server_extract.py --llama-8b-shapes --prompts 512 \
-    --prompt-len 1000 --concurrency 32 --no-eager --configs ${CLI_CONFIGS:-cli} \
-    --cli-prompts 16 512 --cli-variants validate no-validate validate-other-fs --disk-probe 4 \
-    --workdir /tmp/bench-cli > /tmp/gpulogs/bench_cli.log 2>&1; step "bench cli rc $?"
+# plain prefill to compare with is the interleaved run's. CLI_S=0 skips it.
+if [ "${CLI_S:-330}" != 0 ]; then
+    timeout ${CLI_S:-330} python3 bench/server_extract.py --llama-8b-shapes --prompts 512 \
+        --prompt-len 1000 --concurrency 32 --no-eager --configs ${CLI_CONFIGS:-cli} \
+        --cli-prompts 16 512 --cli-variants validate no-validate validate-other-fs \
+        --disk-probe 4 --workdir /tmp/bench-cli > /tmp/gpulogs/bench_cli.log 2>&1
+    step "bench cli rc $?"
+fi
 rm -rf /tmp/bench-cli /dev/shm/cli-out-*
 step end

@@ -6,9 +6,11 @@
 set -u
 source /tmp/repo/tools/gpu/job_start.sh
 export VLLM_WORKER_MULTIPROC_METHOD=spawn  # the generator builds its executor after CUDA is up
-# RUNS (default 3) runs; EXTRACT_ARGS adds to each (e.g. --profile: where (b)'s seconds go).
+# RUNS (default 3) runs; EXTRACT_ARGS adds to each (e.g. --profile: where (b)'s seconds go);
+# ONLY the kinds (default: (a), (a') the generator's engine settings without capture, (b)).
 for run in $(seq 1 ${RUNS:-3}); do
-    timeout ${RUN_S:-300} python3 bench/gpu_extract.py --prompts 512 --only vllm speculators \
+    timeout ${RUN_S:-360} python3 bench/gpu_extract.py --prompts 512 \
+        --only ${ONLY:-vllm vllm-as-generator speculators} \
         ${EXTRACT_ARGS:-} --json /tmp/gpulogs/extract-$run.json > /tmp/gpulogs/extract-$run.log 2>&1
     step "run $run rc $?"
 done
