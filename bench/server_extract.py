@@ -381,10 +381,29 @@ def profiled_pass(name: str, srv: Any, model: Path, args: Any) -> None:
         post("/stop_profile")  # the workers write their traces here
 
 
+# Student's t, two-sided 95%, by degrees of freedom (beyond the table: the normal's 1.96).
+T_95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26,
+        10: 2.23, 12: 2.18, 15: 2.13, 20: 2.09, 30: 2.04}
+
+
+def mean_interval(values: list[float]) -> tuple[float, float] | None:
+    """The mean and the half-width of its 95% interval (t over the rounds), or None for
+    fewer than two values. A ratio resolves 1% where the half-width is under 0.01."""
+    if len(values) < 2:
+        return None
+    df = len(values) - 1
+    t = T_95[max(k for k in T_95 if k <= df)] if df <= 30 else 1.96
+    return statistics.fmean(values), t * statistics.stdev(values) / len(values) ** 0.5
+
+
 def ratio_line(label: str, ratios: list[float]) -> str:
-    """Per-round ratios of one comparison: their median and range."""
-    return (f"{label:<22} median {statistics.median(ratios):.4f}, range "
+    """Per-round ratios of one comparison: their median, range, and mean with its 95%
+    interval."""
+    line = (f"{label:<22} median {statistics.median(ratios):.4f}, range "
             f"{min(ratios):.4f}..{max(ratios):.4f} over {len(ratios)} rounds")
+    if interval := mean_interval(ratios):
+        line += f"; mean {interval[0]:.4f} +- {interval[1]:.4f} (95%)"
+    return line
 
 
 def paired_ratios(results: dict[str, Any]) -> list[str]:
