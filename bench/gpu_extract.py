@@ -47,7 +47,8 @@ LAYER_IDS = [2, 16, 29, 31]  # speculators' default for 32 layers
 SAMPLE_COPY = "speculators.generator_sample_copy"  # the adapter (b') goes without
 MAX_MODEL_LEN = 2049
 # speculators 0.3.0's VllmHiddenStatesGenerator._create_vllm_config, for (a')
-GENERATOR_ENGINE: dict[str, Any] = dict(enforce_eager=True, max_num_seqs=32, block_size=16)
+GENERATOR_ENGINE: dict[str, Any] = dict(enforce_eager=True, max_num_seqs=32, block_size=16,
+                                        max_num_batched_tokens=max(8192, MAX_MODEL_LEN))
 
 
 def llama_8b_config() -> Any:
@@ -100,12 +101,18 @@ def make_prompts(count: int, seed: int = 0) -> list[list[int]]:
             for _ in range(count)]
 
 
-def run_vllm(model: str, prompts: list[list[int]], tp: int) -> float:
+def prefill_engine(model: str, tp: int, **settings: Any) -> tuple[Any, Any]:
+    """vLLM's ``LLM`` as (a) and (a') build it (``settings`` on top), and prefill-only
+    sampling parameters."""
     from vllm import LLM, SamplingParams
 
     llm = LLM(model=model, max_model_len=MAX_MODEL_LEN, enable_prefix_caching=False,
-              gpu_memory_utilization=0.8, tensor_parallel_size=tp)
-    params = SamplingParams(max_tokens=1, temperature=0.0)
+              gpu_memory_utilization=0.8, tensor_parallel_size=tp, **settings)
+    return llm, SamplingParams(max_tokens=1, temperature=0.0)
+
+
+def run_vllm(model: str, prompts: list[list[int]], tp: int) -> float:
+    llm, params = prefill_engine(model, tp)
     as_inputs = [{"prompt_token_ids": p} for p in prompts]
     llm.generate(as_inputs[:16], params, use_tqdm=False)
     start = time.perf_counter()
@@ -118,12 +125,7 @@ def run_vllm_as_generator(model: str, prompts: list[list[int]], batch: int, tp: 
     ``_create_vllm_config``: ``enforce_eager=True``, ``max_num_seqs=32``,
     ``max_num_batched_tokens=max(8192, max_model_len)``, block size 16), one ``generate``
     per batch as the generator is called, no capture."""
-    from vllm import LLM, SamplingParams
-
-    llm = LLM(model=model, max_model_len=MAX_MODEL_LEN, enable_prefix_caching=False,
-              gpu_memory_utilization=0.8, tensor_parallel_size=tp,
-              max_num_batched_tokens=max(8192, MAX_MODEL_LEN), **GENERATOR_ENGINE)
-    params = SamplingParams(max_tokens=1, temperature=0.0)
+    llm, params = prefill_engine(model, tp, **GENERATOR_ENGINE)
     as_inputs = [{"prompt_token_ids": p} for p in prompts]
     for at in (0, batch):  # (b)'s warm-up: its first two batches
         llm.generate(as_inputs[at:at + batch], params, use_tqdm=False)
