@@ -126,6 +126,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         "prints per configuration the pass's span, the GPU's busy and idle "
                         "time, its DtoH copies and the host's waiting CUDA calls")
     parser.add_argument("--profile-prompts", type=int, default=128)
+    parser.add_argument("--stop-after", type=float, default=None, metavar="S",
+                        help="--interleave: start no round that would end more than S seconds "
+                        "after the bench began (judged by the round before), so that a job's "
+                        "time limit still leaves the summary and the profiled passes")
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("vllm_args", nargs="*", help="more engine arguments, after --")
     return parser.parse_args(argv)
@@ -351,7 +355,15 @@ def measure_interleaved(names: list[str], model: Path, workdir: Path, args: Any,
         for name, srv in servers.items():
             timed_pass(name, srv, model, warm, args.concurrency)
         seconds: dict[str, list[float]] = {name: [] for name in names}
+        last_round = 0.0
         for index, prompts in enumerate(rounds):
+            began = time.monotonic()
+            # At least one round, so that the summary has something to compare.
+            if (index and args.stop_after is not None
+                    and began - BENCH_START + last_round > args.stop_after):
+                print(f"  stopped after {index} of {len(rounds)} rounds: the next would end "
+                      f"past --stop-after {args.stop_after:.0f} s", flush=True)
+                break
             turn = index % len(names)
             for name in names[turn:] + names[:turn]:
                 timing = timed_pass(name, servers[name], model, prompts, args.concurrency)
@@ -359,6 +371,7 @@ def measure_interleaved(names: list[str], model: Path, workdir: Path, args: Any,
                 seconds[name].append(timing.seconds)
             print(f"  round {index + 1}: " + " ".join(
                 f"{name} {seconds[name][-1]:.2f} s" for name in names), flush=True)
+            last_round = time.monotonic() - began
         if args.profile:
             for name, srv in servers.items():
                 profiled_pass(name, srv, model, args)
@@ -513,6 +526,10 @@ def print_cli_variants(value: dict[str, list[float]], args: Any,
             line += (f"; steady state {rate:.0f} tok/s{vs}; start-up {startup:.1f} s"
                      + steady_state_caveat(seconds))
         print(line)
+
+
+# When the bench began: --stop-after counts from here.
+BENCH_START = time.monotonic()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

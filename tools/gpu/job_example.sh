@@ -20,16 +20,21 @@ fi
 # turn, the connector writing to /dev/shm (the disk out of the figures); then one profiled
 # pass each (where the time goes; vLLM's op tables come back, the traces stay in /tmp/prof).
 # EAGER=1: the servers as `--enforce-eager` runs them (users' CUDA servers often do).
+# No round starts that would end within PROFILE_S of the step's limit: the summary and the
+# profiled passes come back even where the servers start slowly (three eager ones took
+# 5.5 minutes on 2026-12-06, and the limit cut that bench off after 7 rounds).
 MODE=--no-eager; [ -n "${EAGER:-}" ] && MODE=""
-timeout ${SHM_S:-560} python3 bench/server_extract.py --llama-8b-shapes --prompts 512 \
+SHM_S=${SHM_S:-560}
+timeout $SHM_S python3 bench/server_extract.py --llama-8b-shapes --prompts 512 \
     --prompt-len 1000 --concurrency 32 $MODE --rounds ${ROUNDS:-4} --interleave \
     --configs plain stock speccompat --storage /dev/shm/hs --workdir /tmp/bench-shm \
-    --profile /tmp/prof --profile-prompts 128 \
-    -- --gpu-memory-utilization 0.3 > /tmp/gpulogs/bench_shm.log 2>&1
-step "bench shm rc $?"; rm -rf /dev/shm/hs /tmp/bench-shm
+    --profile /tmp/prof --profile-prompts 128 --stop-after $(( SHM_S - ${PROFILE_S:-150} )) \
+    -- --gpu-memory-utilization 0.3 > /tmp/gpulogs/${SHM_LOG:-bench_shm}.log 2>&1
+step "bench shm rc $? (${SHM_LOG:-bench_shm}.log)"; rm -rf /dev/shm/hs /tmp/bench-shm
 for f in /tmp/prof/*/*profiler_out*.txt; do
-    [ -f "$f" ] && cp "$f" "/tmp/gpulogs/prof-$(basename "$(dirname "$f")")-$(basename "$f")"
+    [ -f "$f" ] && cp "$f" "/tmp/gpulogs/${SHM_LOG:-bench_shm}-prof-$(basename "$(dirname "$f")")-$(basename "$f")"
 done
+rm -rf /tmp/prof  # a second bench in the same job profiles afresh
 # Issue #37 item 2: speculators' CLI at steady state (storage on the host's disk, as users
 # have it), with and without --validate-outputs, and its output on another filesystem; the
 # plain prefill to compare with is the interleaved run's. CLI_S=0 skips it.
