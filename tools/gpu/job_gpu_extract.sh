@@ -6,7 +6,9 @@
 set -u
 source /tmp/repo/tools/gpu/job_start.sh
 export VLLM_WORKER_MULTIPROC_METHOD=spawn  # the generator builds its executor after CUDA is up
-# RUNS (default 3) runs; EXTRACT_ARGS adds to each (e.g. --profile: where (b)'s seconds go);
+# RUNS (default 3) runs; EXTRACT_ARGS adds to each (--profile: where (b)'s seconds go on
+# the host; --trace /tmp/trace: one traced batch each of (a), (a') and (b), summed up in
+# the log, and the allocator's counters);
 # ONLY the kinds (default: (a), (a') the generator's engine settings without capture, (b)).
 for run in $(seq 1 ${RUNS:-3}); do
     timeout ${RUN_S:-360} python3 bench/gpu_extract.py --prompts 512 \
