@@ -8,12 +8,12 @@
 # (tools/gpu/job_gpu_extract.sh runs it again).
 # Device time: about 260 s to start and stage, then the two benches below, each as many
 # rounds as its limit allows (--stop-after keeps the summary and the profiles); three servers
-# took about 3 minutes to start compiled and 5.5 minutes eager (2026-12-06); about 1,680 s.
+# took about 3 minutes to start compiled and 5.5 minutes eager (2026-12-06); about 1,700 s.
 # Compiled: ten rounds, which resolve 1% at the 1.4% per-round spread seen. Eager rounds
-# spread about 4%, too wide for 1% in any round count a session holds: four rounds, for its
+# spread about 4%, too wide for 1% in any round count a session holds: three rounds, for its
 # steady state and its profile (where eager extraction's extra 4% of plain goes).
 set -u
-SHM_LOG=bench_compiled EAGER= ROUNDS=${COMPILED_ROUNDS:-10} SHM_S=${COMPILED_S:-720} CLI_S=0 \
+SHM_LOG=bench_compiled EAGER= ROUNDS=${COMPILED_ROUNDS:-10} SHM_S=${COMPILED_S:-800} CLI_S=0 \
     bash /tmp/repo/tools/gpu/job_example.sh
-SHM_LOG=bench_eager EAGER=1 ROUNDS=${EAGER_ROUNDS:-4} SHM_S=${EAGER_S:-700} CLI_S=0 \
+SHM_LOG=bench_eager EAGER=1 ROUNDS=${EAGER_ROUNDS:-3} SHM_S=${EAGER_S:-640} CLI_S=0 \
     bash /tmp/repo/tools/gpu/job_example.sh
