@@ -134,9 +134,10 @@ def profiler_settings(kind: str) -> dict[str, Any]:
                                 "torch_profiler_with_stack": False}}
 
 
-def timed(kind: str, executor: Any, loop: Any, traced_batch: Any, profile: Any) -> float:
+def timed(executor: Any, loop: Any, traced_batch: Any) -> float:
     """Seconds of ``loop()``; under --trace, also the allocator counters' growth over it
-    (rank 0) and one ``traced_batch()`` between ``profile(True)`` and ``profile(False)``."""
+    (rank 0) and one ``traced_batch()`` under the workers' profiler. ``executor``: an
+    ``LLM`` or vLLM's executor (what ``collective_rpc`` takes)."""
     from speccompat.inprocess.rpc import collective_rpc
 
     before = collective_rpc(executor, allocator_counts, rank=0) if TRACE else {}
@@ -146,9 +147,9 @@ def timed(kind: str, executor: Any, loop: Any, traced_batch: Any, profile: Any) 
     if TRACE:
         after = collective_rpc(executor, allocator_counts, rank=0)
         ALLOCATOR.update({name: after[name] - before[name] for name in after})
-        profile(True)
+        collective_rpc(executor, "profile", args=(True,))
         traced_batch()
-        profile(False)  # the workers write their traces under TRACE / kind
+        collective_rpc(executor, "profile", args=(False,))  # the traces go to TRACE / kind
     return seconds
 
 
@@ -166,9 +167,8 @@ def run_vllm(model: str, prompts: list[list[int]], tp: int, batch: int) -> float
     llm, params = prefill_engine(model, tp, **profiler_settings("vllm"))
     as_inputs = [{"prompt_token_ids": p} for p in prompts]
     llm.generate(as_inputs[:16], params, use_tqdm=False)
-    return timed("vllm", llm, lambda: llm.generate(as_inputs, params, use_tqdm=False),
-                 lambda: llm.generate(as_inputs[:batch], params, use_tqdm=False),
-                 lambda start: llm.start_profile() if start else llm.stop_profile())
+    return timed(llm, lambda: llm.generate(as_inputs, params, use_tqdm=False),
+                 lambda: llm.generate(as_inputs[:batch], params, use_tqdm=False))
 
 
 def run_vllm_as_generator(model: str, prompts: list[list[int]], batch: int, tp: int) -> float:
@@ -186,9 +186,7 @@ def run_vllm_as_generator(model: str, prompts: list[list[int]], batch: int, tp: 
         for at in range(0, len(as_inputs), batch):
             llm.generate(as_inputs[at:at + batch], params, use_tqdm=False)
 
-    return timed("vllm-as-generator", llm, loop,
-                 lambda: llm.generate(as_inputs[:batch], params, use_tqdm=False),
-                 lambda start: llm.start_profile() if start else llm.stop_profile())
+    return timed(llm, loop, lambda: llm.generate(as_inputs[:batch], params, use_tqdm=False))
 
 
 GUARDS = timing.Tally()
@@ -275,8 +273,6 @@ def run_speculators(model: str, prompts: list[list[int]], batch: int, tp: int,
         VllmHiddenStatesGenerator,
     )
 
-    from speccompat.inprocess.rpc import collective_rpc
-
     if TRACE is not None:
         from vllm.config import ProfilerConfig
 
@@ -306,9 +302,8 @@ def run_speculators(model: str, prompts: list[list[int]], batch: int, tp: int,
 
     # vLLM's executor itself: speccompat's view answers speculators' own calls in the shape
     # speculators 0.3.0 expects.
-    executor = generator.executor.unwrapped
-    seconds = timed(kind, executor, loop, lambda: generator.generate(prompts[:batch]),
-                    lambda start: collective_rpc(executor, "profile", args=(start,)))
+    seconds = timed(generator.executor.unwrapped, loop,
+                    lambda: generator.generate(prompts[:batch]))
     generator.executor.shutdown()
     if profile:
         rows = sum(len(p) for p in prompts[:batch])
@@ -406,9 +401,10 @@ def main() -> int:
     parser.add_argument("--model")
     parser.add_argument("--prompts-file")
     args = parser.parse_args()
+    trace = args.trace and args.trace.resolve()  # absolute: the workers write traces there
     if args.child:
         child(args.child, args.model, args.prompts_file, args.batch, args.tp, args.profile,
-              args.trace and args.trace.resolve())
+              trace)
         return 0
 
     import torch
@@ -423,8 +419,7 @@ def main() -> int:
     prompts_file.write_text(json.dumps(prompts))
     rates: dict[str, float | None] = {}
     for kind in args.only:
-        result = measure(kind, model, prompts_file, args.batch, args.tp, args.profile,
-                         args.trace and args.trace.resolve())
+        result = measure(kind, model, prompts_file, args.batch, args.tp, args.profile, trace)
         seconds = result["seconds"] if result else None
         rates[kind] = tokens / seconds if seconds else None
         print(f"{kind:<17} {seconds or float('nan'):8.2f} s  "
@@ -435,13 +430,13 @@ def main() -> int:
                   "extraction time (target <= 1%)", flush=True)
             for phase, spent in sorted(result["phases"].items()):
                 print(f"  {spent:8.3f} s  {phase}", flush=True)
-        if result and args.trace and kind != "hf":
+        if result and trace and kind != "hf":
             import vllm_traces
 
             counts = ", ".join(f"{name} {int(n)}" for name, n in result["allocator"].items())
             print(f"  caching allocator over the timed loop (rank 0): {counts or 'n/a'}")
-            print(f"  one traced batch (traces in {args.trace / kind}):")
-            print("\n".join(vllm_traces.summary(args.trace.resolve() / kind))
+            print(f"  one traced batch (traces in {trace / kind}):")
+            print("\n".join(vllm_traces.summary(trace / kind))
                   or "  no trace written", flush=True)
     a, b, c = rates.get("vllm"), rates.get("speculators"), rates.get("hf")
     a_gen = rates.get("vllm-as-generator")
