@@ -20,6 +20,9 @@ fi
 # turn, the connector writing to /dev/shm (the disk out of the figures); then one profiled
 # pass each (where the time goes; vLLM's op tables come back, the traces stay in /tmp/prof).
 # EAGER=1: the servers as `--enforce-eager` runs them (users' CUDA servers often do).
+# SHM_CONFIGS: other configurations (bench/server_extract.py CONFIG_ENV), e.g. "stock
+# speccompat no-guard" for speccompat without its per-file zero-row check (four servers
+# do not fit the GPU at the 0.3 share each; three do).
 # No round starts that would end within PROFILE_S of the step's limit: the summary and the
 # profiled passes come back even where the servers start slowly (three eager ones took
 # 5.5 minutes on 2026-12-06, and the limit cut that bench off after 7 rounds).
@@ -27,10 +30,17 @@ MODE=--no-eager; [ -n "${EAGER:-}" ] && MODE=""
 SHM_S=${SHM_S:-560}
 timeout $SHM_S python3 bench/server_extract.py --llama-8b-shapes --prompts 512 \
     --prompt-len 1000 --concurrency 32 $MODE --rounds ${ROUNDS:-4} --interleave \
-    --configs plain stock speccompat --storage /dev/shm/hs --workdir /tmp/bench-shm \
+    --configs ${SHM_CONFIGS:-plain stock speccompat} --storage /dev/shm/hs --workdir /tmp/bench-shm \
     --profile /tmp/prof --profile-prompts 128 --stop-after $(( SHM_S - ${PROFILE_S:-150} )) \
     -- --gpu-memory-utilization 0.3 > /tmp/gpulogs/${SHM_LOG:-bench_shm}.log 2>&1
-step "bench shm rc $? (${SHM_LOG:-bench_shm}.log)"; rm -rf /dev/shm/hs /tmp/bench-shm
+step "bench shm rc $? (${SHM_LOG:-bench_shm}.log)"
+# Each server's log, shortened (one line per request otherwise): speccompat's lines (the
+# adapters it applied), warnings and errors, then its last 200 lines.
+for f in /tmp/bench-shm/*/server.log; do
+    [ -f "$f" ] && { grep -a -m 100 "speccompat\|WARNING\|ERROR" "$f"; echo "[...]"; tail -200 "$f"; } \
+        > "/tmp/gpulogs/${SHM_LOG:-bench_shm}-server-$(basename "$(dirname "$f")").log"
+done
+rm -rf /dev/shm/hs /tmp/bench-shm
 for f in /tmp/prof/*/*profiler_out*.txt; do
     [ -f "$f" ] && cp "$f" "/tmp/gpulogs/${SHM_LOG:-bench_shm}-prof-$(basename "$(dirname "$f")")-$(basename "$f")"
 done
