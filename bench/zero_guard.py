@@ -5,7 +5,9 @@ For each shape (tokens x layer ids x hidden, bf16 by default) this times, with
 ``time.perf_counter`` over ``--runs`` repeats after one warm-up, each in its own loop:
 
   check   ``zero_rows(states)``: what the guard runs before every write (no zero rows: the
-          usual case; it reads each row's first values only)
+          usual case; it reads each row's first values only, through NumPy on CPU tensors)
+  torch   the same check in torch's own ops (what the guard ran before 2026-12-06, and still
+          runs on other devices), which enter torch's intra-op thread pool
   write   ``safetensors.torch.save_file`` of ``{hidden_states, token_ids}`` to ``--dir``
           (default: a temporary folder), what vLLM's connector runs
   full    the same check on a file with one zero row per 100 tokens (the guard then reads
@@ -28,7 +30,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from speccompat.server.adapters.hidden_states_connector_zero_rows import zero_rows
+from speccompat.server.adapters.hidden_states_connector_zero_rows import _PREFIX, zero_rows
 
 SHAPES = ((1000, 4, 4096), (4000, 4, 4096), (8000, 4, 7168), (300, 3, 2048))
 
@@ -48,6 +50,16 @@ def _times(work: Callable[[], object], runs: int) -> list[float]:
     return samples
 
 
+def zero_rows_torch(states: torch.Tensor) -> dict[int, int]:
+    """The check in torch's ops (the guard's code before 2026-12-06), for comparison."""
+    suspects = (states[..., :_PREFIX] == 0).all(dim=2)
+    if not bool(suspects.any()):
+        return {}
+    zero = suspects.clone()
+    zero[suspects] = (states[suspects] == 0).all(dim=1)
+    return {i: int(n) for i, n in enumerate(zero.sum(dim=0).tolist()) if n}
+
+
 def run(shape: tuple[int, int, int], dtype: torch.dtype, runs: int, folder: Path) -> str:
     states = torch.randn(*shape).to(dtype)
     tokens = torch.arange(shape[0])
@@ -58,15 +70,19 @@ def run(shape: tuple[int, int, int], dtype: torch.dtype, runs: int, folder: Path
     # page-cache writeback (a 1.5-42% spread on a loaded 2-core machine), not itself.
     found, holes = zero_rows(states), zero_rows(holed)
     assert not found and holes == {1: len(range(0, shape[0], 100))}
+    assert zero_rows_torch(states) == found and zero_rows_torch(holed) == holes
     checks = _times(lambda: zero_rows(states), runs)
+    torch_checks = _times(lambda: zero_rows_torch(states), runs)
     writes = _times(lambda: save_file({"hidden_states": states, "token_ids": tokens},
                                       str(path)), runs)
     fulls = _times(lambda: zero_rows(holed), runs)
     check, write, full = _median_ms(checks), _median_ms(writes), _median_ms(fulls)
+    in_torch = _median_ms(torch_checks)
     size = states.numel() * states.element_size() / 2**20
     name = "x".join(map(str, shape))
-    return (f"{name:>16} {size:8.1f} MiB  check {check:8.3f} ms  write {write:8.2f} ms  "
-            f"check/write {100 * check / write:6.2f} %  (zero rows found: {full:7.3f} ms)")
+    return (f"{name:>16} {size:8.1f} MiB  check {check:8.3f} ms  torch {in_torch:8.3f} ms  "
+            f"write {write:8.2f} ms  check/write {100 * check / write:6.2f} %  "
+            f"(zero rows found: {full:7.3f} ms)")
 
 
 def main() -> None:
@@ -75,8 +91,9 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--dir", type=Path, default=None)
     parser.add_argument("--threads", type=int, default=0,
-                        help="torch intra-op threads (default: torch's); on a busy machine a "
-                        "two-thread kernel can wait a scheduler slice for the busy core")
+                        help="torch intra-op threads (default: torch's; the torch column's "
+                        "kernels use them); on a busy machine a two-thread kernel can wait a "
+                        "scheduler slice for the busy core")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

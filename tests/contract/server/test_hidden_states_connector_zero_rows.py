@@ -208,3 +208,42 @@ def test_before_0_22_the_forward_write_is_skipped_not_raised(
         assert path.exists()
     finally:
         speccompat.revert()
+
+
+def _zero_rows_in_torch(states: Any) -> dict[int, int]:
+    """The check in torch's own ops: what the guard finds on any device, the reference
+    for the NumPy reading of CPU tensors' bits."""
+    suspects = (states[..., :16] == 0).all(dim=2)
+    zero = suspects.clone()
+    zero[suspects] = (states[suspects] == 0).all(dim=1)
+    return {i: int(n) for i, n in enumerate(zero.sum(dim=0).tolist()) if n}
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32", "float64"])
+def test_the_bits_reading_finds_what_torch_finds(dtype: str) -> None:
+    """On CPU tensors the guard reads the values' bits through NumPy (no torch intra-op
+    threads in vLLM's writer threads): +0 and -0 rows are zero rows, a row zero only in its
+    first values or holding a NaN is not."""
+    import torch
+
+    torch.manual_seed(2)
+    states = torch.randn(300, 4, 64).to(getattr(torch, dtype))
+    states[::50, 1] = 0
+    states[7, 2] = -0.0
+    states[9, 3, :16] = 0
+    states[11, 0] = float("nan")
+    expected = {1: 6, 2: 1}
+    assert _zero_rows_in_torch(states) == expected
+    assert zero_rows(states) == expected
+    strided = states.transpose(0, 1).contiguous().transpose(0, 1)  # the same values, strided
+    assert zero_rows(strided) == expected
+    assert zero_rows(torch.randn(300, 4, 64).to(getattr(torch, dtype))) == {}
+
+
+def test_other_devices_are_checked_in_torch() -> None:
+    import torch
+
+    from speccompat.server.adapters import hidden_states_connector_zero_rows as guard
+
+    assert guard._magnitude_bits(torch.empty(2, 2, 2, device="meta")) is None
+    assert guard._magnitude_bits(torch.zeros(2, 2, 2, dtype=torch.bfloat16)) is not None

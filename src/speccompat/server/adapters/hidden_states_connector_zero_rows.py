@@ -18,7 +18,11 @@ vLLM version and the likely cause, and leaves no file at that path:
   logged and the write skipped instead.
 
 The check looks at each row's first values and scans a whole row only where those are
-all zero: ``bench/zero_guard.py`` has its cost next to the write's.
+all zero: ``bench/zero_guard.py`` has its cost next to the write's. On CPU tensors (what
+vLLM's writer threads hold) it reads the values' bits through NumPy, in the calling thread:
+torch's own ops enter its intra-op thread pool, whose second thread waits for a free core
+(on a loaded 2-core machine, 1000 x 4 x 4096 bf16: 0.15 ms in NumPy, 0.5 ms in torch on one
+thread, 0.3-16 ms on two; 2026-12-06).
 """
 
 from __future__ import annotations
@@ -78,6 +82,9 @@ def zero_rows(states: Any) -> dict[int, int]:
         return {}
     if not states.is_floating_point() or states.numel() == 0:
         return {}
+    bits = _magnitude_bits(states)
+    if bits is not None:
+        return _zero_rows_in_bits(*bits)
     # A real row has non-zero values from its first ones on: only rows whose prefix is all
     # zero are read in full.
     suspects = (states[..., :_PREFIX] == 0).all(dim=2)
@@ -86,6 +93,36 @@ def zero_rows(states: Any) -> dict[int, int]:
     zero = suspects.clone()
     zero[suspects] = (states[suspects] == 0).all(dim=1)
     counts = zero.sum(dim=0).tolist()
+    return {i: int(n) for i, n in enumerate(counts) if n}
+
+
+def _magnitude_bits(states: Any) -> tuple[Any, int] | None:
+    """A CPU tensor's values as a NumPy integer array over the same memory, and the mask that
+    clears the sign bit (a value is +0 or -0 where nothing else is set); None where that view
+    is not to be had (another device, no NumPy, no integer type of that width)."""
+    import torch
+
+    if states.device.type != "cpu":
+        return None
+    twin = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}.get(
+        states.element_size())
+    if twin is None:
+        return None
+    try:
+        array = states.detach().view(twin).numpy()
+    except (RuntimeError, TypeError):  # no NumPy beside this torch
+        return None
+    return array, (1 << (8 * states.element_size() - 1)) - 1
+
+
+def _zero_rows_in_bits(array: Any, magnitude: int) -> dict[int, int]:
+    """``zero_rows`` on the integer view of ``_magnitude_bits``."""
+    suspects = ~(array[..., :_PREFIX] & magnitude).any(axis=2)
+    if not suspects.any():
+        return {}
+    zero = suspects.copy()
+    zero[suspects] = ~(array[suspects] & magnitude).any(axis=1)
+    counts = zero.sum(axis=0).tolist()
     return {i: int(n) for i, n in enumerate(counts) if n}
 
 
