@@ -438,6 +438,8 @@ def main() -> int:
             print(f"  one traced batch (traces in {trace / kind}):")
             print("\n".join(vllm_traces.summary(trace / kind))
                   or "  no trace written", flush=True)
+            if steps := vllm_traces.step_table(trace / kind):  # CUDA traces only
+                print("\n".join(steps), flush=True)
     a, b, c = rates.get("vllm"), rates.get("speculators"), rates.get("hf")
     a_gen = rates.get("vllm-as-generator")
     b_copy, b_after = rates.get("speculators-copy"), rates.get("speculators-after")

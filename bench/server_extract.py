@@ -619,6 +619,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"\nprofiled pass of {name} ({args.profile_prompts} prompts; "
                   f"traces in {args.profile / name}):")
             print("\n".join(vllm_traces.summary(args.profile / name)) or "  no trace written")
+            if steps := vllm_traces.step_table(args.profile / name):  # CUDA traces only
+                print("\n".join(steps))
     return 0
 
 

@@ -1,5 +1,6 @@
-"""vLLM's torch-profiler traces, summed up for ``bench/server_extract.py --profile``: where an
-extraction pass's time goes on the GPU and on the host."""
+"""vLLM's torch-profiler traces, summed up for ``bench/server_extract.py --profile`` and
+``bench/gpu_extract.py --trace``: where an extraction pass's time goes on the GPU and on the
+host (``summary``), and step by step (``step_table``)."""
 
 from __future__ import annotations
 
@@ -56,4 +57,47 @@ def summary(folder: Path) -> list[str]:
         line += "".join(f"; {call} {len(durs)} x {sum(durs) / 1e6:.3f} s"
                         for call, durs in waits)
         lines.append(line)
+    return lines
+
+
+def step_table(folder: Path) -> list[str]:
+    """Per model step of each worker trace under ``folder`` (vLLM's ``execute_context_*``
+    annotations on the GPU's timeline): its tokens, its span on the GPU, the sum of its
+    kernels, its device-to-host copies beside it (count, ms) and the GPU's wait before the
+    next step: where a batch's time goes between the kernels."""
+    lines = []
+    for path in sorted(folder.rglob("*.json*")):
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt") as stream:
+            events = [e for e in json.load(stream).get("traceEvents", [])
+                      if e.get("ph") == "X" and "dur" in e]
+        steps = sorted((e for e in events if e.get("cat") == "gpu_user_annotation"
+                        and e.get("name", "").startswith("execute_context")),
+                       key=lambda e: e["ts"])
+        # A step's annotation can be split in pieces; keep the longest per start.
+        steps = [e for e in steps if not any(o is not e and o["ts"] <= e["ts"]
+                                             and o["ts"] + o["dur"] >= e["ts"] + e["dur"]
+                                             for o in steps)]
+        if not steps:
+            continue
+        kernels = [e for e in events if e.get("cat") == "kernel"]
+        copies = [e for e in events
+                  if e.get("cat") == "gpu_memcpy" and "DtoH" in e.get("name", "")]
+        lines.append(f"  {path.name[:60]}: {len(steps)} steps")
+        lines.append("    tokens   GPU ms  kernels ms  DtoH (n, ms)  to next ms  idle ms")
+        for index, step in enumerate(steps):
+            start, end = step["ts"], step["ts"] + step["dur"]
+            inside = [k["dur"] for k in kernels if start <= k["ts"] < end]
+            beside = [c["dur"] for c in copies if start <= c["ts"] < end]
+            tokens = step["name"].split("(", 1)[1].split(")", 1)[0] if "(" in step["name"] else "?"
+            line = (f"    {tokens:>6} {step['dur'] / 1e3:8.1f} {sum(inside) / 1e3:11.1f} "
+                    f"{len(beside):5d} {sum(beside) / 1e3:6.1f}")
+            if index + 1 < len(steps):
+                # Between two steps: the sampler's kernels, and the GPU waiting for the host.
+                following = steps[index + 1]["ts"]
+                between = [(max(k["ts"], end), min(k["ts"] + k["dur"], following))
+                           for k in kernels if k["ts"] < following and k["ts"] + k["dur"] > end]
+                idle = following - end - busy_seconds(between)
+                line += f"  {(following - end) / 1e3:10.2f} {idle / 1e3:8.2f}"
+            lines.append(line)
     return lines
