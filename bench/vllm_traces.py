@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 
 def busy_seconds(intervals: list[tuple[float, float]]) -> float:
@@ -26,16 +28,22 @@ WAITING_CALLS = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSyn
                  "cudaStreamWaitEvent")
 
 
+def traces(folder: Path) -> Iterator[tuple[Path, list[dict[str, Any]]]]:
+    """Each torch-profiler trace under ``folder`` and its complete events (those with a
+    duration)."""
+    for path in sorted(folder.rglob("*.json*")):
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt") as stream:
+            yield path, [e for e in json.load(stream).get("traceEvents", [])
+                         if e.get("ph") == "X" and "dur" in e]
+
+
 def summary(folder: Path) -> list[str]:
     """Per torch-profiler trace under ``folder`` (one per process that profiled): the span
     of its events, the GPU's busy time (the union of its kernels) and idle time in that
     span, the DtoH copies, and the host's waiting CUDA calls (count, total)."""
     lines = []
-    for path in sorted(folder.rglob("*.json*")):
-        opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rt") as stream:
-            events = [e for e in json.load(stream).get("traceEvents", [])
-                      if e.get("ph") == "X" and "dur" in e]
+    for path, events in traces(folder):
         if not events:
             continue
         span = (max(e["ts"] + e["dur"] for e in events) - min(e["ts"] for e in events)) / 1e6
@@ -66,11 +74,7 @@ def step_table(folder: Path) -> list[str]:
     kernels, its device-to-host copies beside it (count, ms) and the GPU's wait before the
     next step: where a batch's time goes between the kernels."""
     lines = []
-    for path in sorted(folder.rglob("*.json*")):
-        opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rt") as stream:
-            events = [e for e in json.load(stream).get("traceEvents", [])
-                      if e.get("ph") == "X" and "dur" in e]
+    for path, events in traces(folder):
         steps = sorted((e for e in events if e.get("cat") == "gpu_user_annotation"
                         and e.get("name", "").startswith("execute_context")),
                        key=lambda e: e["ts"])

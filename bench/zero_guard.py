@@ -6,8 +6,8 @@ For each shape (tokens x layer ids x hidden, bf16 by default) this times, with
 
   check   ``zero_rows(states)``: what the guard runs before every write (no zero rows: the
           usual case; it reads each row's first values only, through NumPy on CPU tensors)
-  torch   the same check in torch's own ops (what the guard ran before 2026-12-06, and still
-          runs on other devices), which enter torch's intra-op thread pool
+  torch   the same check in torch's own ops (the guard's way before 2026-12-06, and still
+          on other devices), which enter torch's intra-op thread pool
   write   ``safetensors.torch.save_file`` of ``{hidden_states, token_ids}`` to ``--dir``
           (default: a temporary folder), what vLLM's connector runs
   full    the same check on a file with one zero row per 100 tokens (the guard then reads
@@ -30,7 +30,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from speccompat.server.adapters.hidden_states_connector_zero_rows import _PREFIX, zero_rows
+from speccompat.server.adapters.hidden_states_connector_zero_rows import (
+    _zero_rows_in_torch,
+    zero_rows,
+)
 
 SHAPES = ((1000, 4, 4096), (4000, 4, 4096), (8000, 4, 7168), (300, 3, 2048))
 
@@ -50,16 +53,6 @@ def _times(work: Callable[[], object], runs: int) -> list[float]:
     return samples
 
 
-def zero_rows_torch(states: torch.Tensor) -> dict[int, int]:
-    """The check in torch's ops (the guard's code before 2026-12-06), for comparison."""
-    suspects = (states[..., :_PREFIX] == 0).all(dim=2)
-    if not bool(suspects.any()):
-        return {}
-    zero = suspects.clone()
-    zero[suspects] = (states[suspects] == 0).all(dim=1)
-    return {i: int(n) for i, n in enumerate(zero.sum(dim=0).tolist()) if n}
-
-
 def run(shape: tuple[int, int, int], dtype: torch.dtype, runs: int, folder: Path) -> str:
     states = torch.randn(*shape).to(dtype)
     tokens = torch.arange(shape[0])
@@ -70,9 +63,9 @@ def run(shape: tuple[int, int, int], dtype: torch.dtype, runs: int, folder: Path
     # page-cache writeback (a 1.5-42% spread on a loaded 2-core machine), not itself.
     found, holes = zero_rows(states), zero_rows(holed)
     assert not found and holes == {1: len(range(0, shape[0], 100))}
-    assert zero_rows_torch(states) == found and zero_rows_torch(holed) == holes
+    assert _zero_rows_in_torch(states) == found and _zero_rows_in_torch(holed) == holes
     checks = _times(lambda: zero_rows(states), runs)
-    torch_checks = _times(lambda: zero_rows_torch(states), runs)
+    torch_checks = _times(lambda: _zero_rows_in_torch(states), runs)
     writes = _times(lambda: save_file({"hidden_states": states, "token_ids": tokens},
                                       str(path)), runs)
     fulls = _times(lambda: zero_rows(holed), runs)

@@ -31,6 +31,7 @@ from speccompat.server.adapters.hidden_states_connector_zero_rows import (
     ID,
     THREAD_WRITE,
     ZeroHiddenStatesError,
+    _zero_rows_in_torch,
     zero_rows,
 )
 from speccompat.targets import module_source
@@ -208,15 +209,6 @@ def test_before_0_22_the_forward_write_is_skipped_not_raised(
         assert path.exists()
     finally:
         speccompat.revert()
-
-
-def _zero_rows_in_torch(states: Any) -> dict[int, int]:
-    """The check in torch's own ops: what the guard finds on any device, the reference
-    for the NumPy reading of CPU tensors' bits."""
-    suspects = (states[..., :16] == 0).all(dim=2)
-    zero = suspects.clone()
-    zero[suspects] = (states[suspects] == 0).all(dim=1)
-    return {i: int(n) for i, n in enumerate(zero.sum(dim=0).tolist()) if n}
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32", "float64"])

@@ -85,6 +85,11 @@ def zero_rows(states: Any) -> dict[int, int]:
     bits = _magnitude_bits(states)
     if bits is not None:
         return _zero_rows_in_bits(*bits)
+    return _zero_rows_in_torch(states)
+
+
+def _zero_rows_in_torch(states: Any) -> dict[int, int]:
+    """``zero_rows`` in torch's own ops, on any device."""
     # A real row has non-zero values from its first ones on: only rows whose prefix is all
     # zero are read in full.
     suspects = (states[..., :_PREFIX] == 0).all(dim=2)
