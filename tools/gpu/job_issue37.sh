@@ -18,23 +18,31 @@
 #    in the logs (bench/vllm_traces.py reads them).
 # 3. item 1 eager only with EAGER_S set (three eager servers took 5.5 minutes to start;
 #    rounds spread about 4%, too wide to resolve 1%: its steady state and its profile).
+# ITEM3_FIRST=1 runs item 3 before item 1 (on an H200, where item 3's goal was met once:
+# its three runs in a row come first, ITEM3_RUNS=3, ONLY="vllm speculators" for (a) and (b)).
 set -u
-SHM_LOG=bench_compiled EAGER= ROUNDS=${COMPILED_ROUNDS:-12} SHM_S=${COMPILED_S:-1000} CLI_S=0 \
-    bash /tmp/repo/tools/gpu/job_example.sh
-if [ "${ITEM3:-0}" = 1 ] && [ -d /tmp/site22/vllm ]; then
-    SITE=/tmp/site22 RUNS=${ITEM3_RUNS:-1} bash /tmp/repo/tools/gpu/job_gpu_extract.sh
-    if [ "${ITEM3_TRACE:-0}" = 1 ]; then
-        for f in /tmp/gpulogs/extract-[0-9]*; do mv "$f" "${f/extract-/extract-run}"; done
-        SITE=/tmp/site22 RUNS=1 RUN_S=${TRACE_S:-300} ONLY="vllm-as-generator speculators" \
-            EXTRACT_ARGS="--trace /tmp/trace --profile" bash /tmp/repo/tools/gpu/job_gpu_extract.sh
-        for f in /tmp/gpulogs/extract-1.*; do mv "$f" "${f/extract-1/extract-trace}"; done
-        for kind in vllm-as-generator speculators; do
-            for f in /tmp/trace/$kind/*.pt.trace.json.gz; do
-                [ -f "$f" ] && cp "$f" "/tmp/gpulogs/trace-$kind-$(basename "$f")"
+item1_compiled() {
+    SHM_LOG=bench_compiled EAGER= ROUNDS=${COMPILED_ROUNDS:-12} SHM_S=${COMPILED_S:-1000} CLI_S=0 \
+        bash /tmp/repo/tools/gpu/job_example.sh
+}
+item3() {
+    if [ "${ITEM3:-0}" = 1 ] && [ -d /tmp/site22/vllm ]; then
+        SITE=/tmp/site22 RUNS=${ITEM3_RUNS:-1} ONLY="${ITEM3_ONLY:-vllm vllm-as-generator speculators}" \
+            bash /tmp/repo/tools/gpu/job_gpu_extract.sh
+        if [ "${ITEM3_TRACE:-0}" = 1 ]; then
+            for f in /tmp/gpulogs/extract-[0-9]*; do mv "$f" "${f/extract-/extract-run}"; done
+            SITE=/tmp/site22 RUNS=1 RUN_S=${TRACE_S:-300} ONLY="vllm-as-generator speculators" \
+                EXTRACT_ARGS="--trace /tmp/trace --profile" bash /tmp/repo/tools/gpu/job_gpu_extract.sh
+            for f in /tmp/gpulogs/extract-1.*; do mv "$f" "${f/extract-1/extract-trace}"; done
+            for kind in vllm-as-generator speculators; do
+                for f in /tmp/trace/$kind/*.pt.trace.json.gz; do
+                    [ -f "$f" ] && cp "$f" "/tmp/gpulogs/trace-$kind-$(basename "$f")"
+                done
             done
-        done
+        fi
     fi
-fi
+}
+if [ "${ITEM3_FIRST:-0}" = 1 ]; then item3; item1_compiled; else item1_compiled; item3; fi
 if [ -n "${EAGER_S:-}" ]; then
     SHM_LOG=bench_eager EAGER=1 ROUNDS=${EAGER_ROUNDS:-3} SHM_S=$EAGER_S CLI_S=0 \
         bash /tmp/repo/tools/gpu/job_example.sh
