@@ -2,26 +2,29 @@
 # Issue #37 on one machine and one start (copy this file to .gpu/c2/job.sh; the 25-part
 # vLLM 0.34.0 staging of tools/gpu/README.md installed into /tmp/site as usual, and for item
 # 3 the 7-part 0.22.0 staging of job_gpu_extract.sh installed into /tmp/site22).
-# Measured so far (docs/results/benchmarks.md): item 1 compiled on two hosts, 4 and 3 rounds
-# (speccompat / stock 0.980 +- 0.027 over the 7; the second host's steady rates lower with
-# speccompat in all 3 of its rounds, the first's not); eager 7 rounds (1.004 +- 0.038);
-# item 2 done; item 3 eight H100 runs, (b)/(a) 0.951-0.967, and a GPU trace of (b).
-# The plan, most wanted first (a job cut off by device time keeps what finished):
-# 1. item 1 compiled, as many of COMPILED_ROUNDS (default 12) rounds as COMPILED_S allows
-#    (--stop-after keeps the summary and the profiles). Three compiled servers took 200 s to
-#    5.5 minutes to be up and warm (2026-12-06: 338 s on a fresh machine), a round 37-40 s:
-#    COMPILED_S 1000 leaves about 12 rounds. The servers' logs come back
-#    (bench_compiled-server-*.log: the adapters each applied).
-# 2. item 3 only with ITEM3=1 and /tmp/site22 installed: ITEM3_RUNS (default 1) runs of (a),
-#    (a') and (b) without --trace (figures; about 330 s with the model's build, 230 s after),
-#    then with ITEM3_TRACE=1 one of (a') and (b) under --trace --profile, the traces kept
-#    in the logs (bench/vllm_traces.py reads them).
-# 3. item 1 eager only with EAGER_S set (three eager servers took 5.5 minutes to start;
-#    rounds spread about 4%, too wide to resolve 1%: its steady state and its profile).
-# ITEM3_FIRST=1 runs item 3 before item 1 (on an H200, where item 3's goal was met once:
-# its three runs in a row come first, ITEM3_RUNS=3, ONLY="vllm speculators" for (a) and (b)).
+# Measured so far (docs/results/benchmarks.md): item 1 compiled, 26 rounds on one host
+# (speccompat / stock median 1.002, 95% interval 0.997-1.019) and 7 on two others; eager 7
+# rounds (1.004 +- 0.038, not resolved to 1%); item 2 done; item 3 eight H100 runs, (b)/(a)
+# 0.951-0.967, and a GPU trace of (b) (none of (a') beside it).
+# Steps, in this order (a job cut off by device time keeps what finished):
+# 1. item 1 compiled unless COMPILED_S=0: as many of COMPILED_ROUNDS (default 12) rounds as
+#    COMPILED_S (default 1000) allows (--stop-after keeps the summary and the profiles).
+#    Three compiled servers took 200-345 s to be up and warm, a round 37-40 s. The servers'
+#    logs come back (bench_compiled-server-*.log: the adapters each applied).
+# 2. item 3 only with ITEM3=1 and /tmp/site22 installed: ITEM3_RUNS (default 1) runs of
+#    ITEM3_ONLY (default (a), (a') and (b)) without --trace (figures; about 330 s with the
+#    model's build, 230 s after), then with ITEM3_TRACE=1 one of (a') and (b) under --trace
+#    --profile, both traces kept in the logs (bench/vllm_traces.py reads them).
+#    ITEM3_FIRST=1 runs it before step 1 (on an H200, where item 3's goal was met once:
+#    ITEM3_RUNS=3 ITEM3_ONLY="vllm speculators" for its three runs in a row).
+# 3. item 1 eager only with EAGER_S set: EAGER_ROUNDS (default 30) rounds, as many as
+#    EAGER_S allows (three eager servers took 5.5 minutes to start; rounds spread about 4%:
+#    20 or more resolve the median to about 1%), its steady state and its profile.
+#    Next start's plan on an H100: COMPILED_S=0 EAGER_S=1000 ITEM3=1 ITEM3_TRACE=1, the
+#    item 3 trace first (ITEM3_FIRST=1, ITEM3_RUNS=0).
 set -u
 item1_compiled() {
+    [ "${COMPILED_S:-1000}" = 0 ] && return
     SHM_LOG=bench_compiled EAGER= ROUNDS=${COMPILED_ROUNDS:-12} SHM_S=${COMPILED_S:-1000} CLI_S=0 \
         bash /tmp/repo/tools/gpu/job_example.sh
 }
@@ -30,7 +33,7 @@ item3() {
         SITE=/tmp/site22 RUNS=${ITEM3_RUNS:-1} ONLY="${ITEM3_ONLY:-vllm vllm-as-generator speculators}" \
             bash /tmp/repo/tools/gpu/job_gpu_extract.sh
         if [ "${ITEM3_TRACE:-0}" = 1 ]; then
-            for f in /tmp/gpulogs/extract-[0-9]*; do mv "$f" "${f/extract-/extract-run}"; done
+            for f in /tmp/gpulogs/extract-[0-9]*; do [ -f "$f" ] && mv "$f" "${f/extract-/extract-run}"; done
             SITE=/tmp/site22 RUNS=1 RUN_S=${TRACE_S:-300} ONLY="vllm-as-generator speculators" \
                 EXTRACT_ARGS="--trace /tmp/trace --profile" bash /tmp/repo/tools/gpu/job_gpu_extract.sh
             for f in /tmp/gpulogs/extract-1.*; do mv "$f" "${f/extract-1/extract-trace}"; done
@@ -44,6 +47,6 @@ item3() {
 }
 if [ "${ITEM3_FIRST:-0}" = 1 ]; then item3; item1_compiled; else item1_compiled; item3; fi
 if [ -n "${EAGER_S:-}" ]; then
-    SHM_LOG=bench_eager EAGER=1 ROUNDS=${EAGER_ROUNDS:-3} SHM_S=$EAGER_S CLI_S=0 \
+    SHM_LOG=bench_eager EAGER=1 ROUNDS=${EAGER_ROUNDS:-30} SHM_S=$EAGER_S CLI_S=0 \
         bash /tmp/repo/tools/gpu/job_example.sh
 fi
