@@ -283,7 +283,10 @@ def test_the_config_init_is_wrapped_and_reverted() -> None:
 @applies
 def test_unordered_and_repeated_ids_become_the_slot_order(adapter: None) -> None:
     assert getattr(_draft_config([3, 1, 3]), IDS) == [1, 3]
-    assert getattr(_draft_config([0, 4]), IDS) == [0, 4]
+    # Both edges of what the release serves (1..3 on 0.17 without its edge-id adapter).
+    servable = servable_aux_ids("LlamaForCausalLM", 4, _installed())
+    assert getattr(_draft_config([servable.high, servable.low]), IDS) == [servable.low,
+                                                                          servable.high]
 
 
 @pytest.mark.parametrize("ids", [[1, 5], [-1, 2]])
@@ -298,7 +301,8 @@ def test_an_id_the_model_cannot_serve_is_refused(adapter: None, ids: list[int]) 
 def test_a_real_engine_config_holds_the_slot_order(adapter: None, tiny_llama: Path) -> None:
     """What ``vllm serve --speculative-config`` builds: the draft config every runner
     reads holds the ids in slot order; an id past the last layer stops it."""
-    config = extract_engine_config(tiny_llama, ids=(4, 2, 2))
-    assert getattr(config.speculative_config.draft_model_config.hf_config, IDS) == [2, 4]
+    last = servable_aux_ids("LlamaForCausalLM", 4, _installed()).high  # 3 on 0.17
+    config = extract_engine_config(tiny_llama, ids=(last, 2, 2))
+    assert getattr(config.speculative_config.draft_model_config.hf_config, IDS) == [2, last]
     with pytest.raises(Exception, match="id 9 \\(position 1\\) cannot be served"):
         extract_engine_config(tiny_llama, ids=(1, 9))
