@@ -15,6 +15,15 @@ A random-weight bf16 model with Llama-3.1-8B's shapes is built locally from a co
       speculators-copy``): speculators' own per-sample ``.clone().cpu()`` on the driver;
   (b'') (b) with the states copied to the host after the forward, not while it runs
       (``--only speculators-after``, ``SPECCOMPAT_CAPTURE_STREAM=0``);
+  (a'') (b) with the capture taken out (``--only speculators-no-capture``): speculators
+      0.3.0's own generator, executor, scheduler and ``generate()`` loop, the workers'
+      hooks removed and the two capture calls answered in the driver with placeholder
+      states of one column (nothing captured, nothing copied). (a') runs vLLM's engine
+      core, which schedules the next step while the GPU computes (async scheduling, on by
+      default in vLLM 0.22) with its one worker in the engine core's process; the generator
+      steps synchronously (its own ``Scheduler``), sends each step to a worker process
+      (``MultiprocExecutor``) and aborts each request after its step. So (a'')/(a') is
+      the generator's loop and (b)/(a'') the capture alone;
   (c) HF transformers ``output_hidden_states=True``, one prompt at a time (one GPU).
 
 ``--tp 2`` runs (a) and (b) with tensor parallelism over two GPUs; (c) stays on one.
@@ -257,9 +266,43 @@ def transfer_costs(rows: int, hidden: int, layers: int) -> dict[str, float]:
     return out
 
 
+def close_capture(worker: Any) -> None:
+    """On a worker (``collective_rpc``): remove speccompat's capture hooks and runner wraps."""
+    worker._speccompat_capture.close()
+
+
+class NoCaptureExecutor:
+    """(a''): the generator's executor view, with the two capture calls answered here
+    (``_reset_capture`` does nothing; ``_get_captured_states`` gives ``len(LAYER_IDS)``
+    placeholder tensors of one column for the batch's prompt rows) and every other call
+    passed to the view."""
+
+    def __init__(self, executor: Any) -> None:
+        self.inner, self.rows = executor, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def execute_model(self, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        self.rows += sum(len(new.prompt_token_ids or ())
+                         for new in scheduler_output.scheduled_new_reqs)
+        return self.inner.execute_model(scheduler_output, *args, **kwargs)
+
+    def collective_rpc(self, method: Any, *args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        if method == "_reset_capture":
+            self.rows = 0
+            return [None]
+        if method == "_get_captured_states":
+            rows, self.rows = self.rows, 0
+            return [[torch.zeros(rows, 1, dtype=torch.bfloat16) for _ in LAYER_IDS]]
+        return self.inner.collective_rpc(method, *args, **kwargs)
+
+
 def run_speculators(model: str, prompts: list[list[int]], batch: int, tp: int,
                     profile: bool = False, exclude: tuple[str, ...] = (),
-                    kind: str = "speculators") -> float:
+                    kind: str = "speculators", capture: bool = True) -> float:
     import speccompat
 
     timing.time_guards(GUARDS)
@@ -289,6 +332,11 @@ def run_speculators(model: str, prompts: list[list[int]], batch: int, tp: int,
                                           max_model_len=MAX_MODEL_LEN,
                                           gpu_memory_utilization=0.8,
                                           tensor_parallel_size=tp)
+    if not capture:
+        from speccompat.inprocess.rpc import collective_rpc
+
+        collective_rpc(generator.executor.unwrapped, close_capture)
+        generator.executor = NoCaptureExecutor(generator.executor)
     warm_up = [generator.generate(prompts[at:at + batch]) for at in (0, batch)]
     del warm_up
     if profile:
@@ -349,6 +397,8 @@ def child(kind: str, model: str, prompts_file: str, batch: int, tp: int,
                   model, prompts, batch, tp, profile, exclude=(SAMPLE_COPY,), kind=kind),
               "speculators-after": lambda: run_speculators(model, prompts, batch, tp, profile,
                                                            kind=kind),
+              "speculators-no-capture": lambda: run_speculators(
+                  model, prompts, batch, tp, profile, kind=kind, capture=False),
               "hf": lambda: run_hf(model, prompts)}[kind]
     seconds = runner()
     print("RESULT " + json.dumps({"kind": kind, "seconds": seconds,
@@ -442,11 +492,13 @@ def main() -> int:
                 print("\n".join(steps), flush=True)
     a, b, c = rates.get("vllm"), rates.get("speculators"), rates.get("hf")
     a_gen = rates.get("vllm-as-generator")
+    a_loop = rates.get("speculators-no-capture")
     b_copy, b_after = rates.get("speculators-copy"), rates.get("speculators-after")
     print(f"\n{len(prompts)} prompts, {tokens} tokens, {torch.cuda.get_device_name()}, "
           f"TP={args.tp} for (a) and (b)")
     print(f"(a) vLLM prefill              {a or 0:10.0f} tokens/s")
     print(f"(a') (a) as the generator runs {a_gen or 0:9.0f} tokens/s")
+    print(f"(a'') the generator, no capture {a_loop or 0:8.0f} tokens/s")
     print(f"(b) speculators + speccompat  {b or 0:10.0f} tokens/s   target >= 27000")
     print(f"(b') (b) with speculators' copy {b_copy or 0:8.0f} tokens/s")
     print(f"(b'') (b), copied after the forward {b_after or 0:4.0f} tokens/s")
@@ -456,7 +508,12 @@ def main() -> int:
     if a and a_gen:
         print(f"(a')/(a) = {a_gen / a:.3f}   the generator's engine settings and batches")
     if a_gen and b:
-        print(f"(b)/(a') = {b / a_gen:.3f}   the capture, with the same settings")
+        print(f"(b)/(a') = {b / a_gen:.3f}   the capture and the generator's loop")
+    if a_gen and a_loop:
+        print(f"(a'')/(a') = {a_loop / a_gen:.3f}   the generator's loop (synchronous steps, "
+              "multiprocess executor, per-step aborts)")
+    if a_loop and b:
+        print(f"(b)/(a'') = {b / a_loop:.3f}   the capture alone")
     if a and b_copy:
         print(f"(b')/(a) = {b_copy / a:.3f}")
     if a and b_after:

@@ -9,10 +9,12 @@ export VLLM_WORKER_MULTIPROC_METHOD=spawn  # the generator builds its executor a
 # RUNS (default 3) runs; EXTRACT_ARGS adds to each (--profile: where (b)'s seconds go on
 # the host; --trace /tmp/trace: one traced batch each of (a), (a') and (b), summed up in
 # the log, and the allocator's counters);
-# ONLY the kinds (default: (a), (a') the generator's engine settings without capture, (b)).
+# ONLY the kinds (default: (a), (a') the generator's engine settings without capture,
+# (a'') the generator's own loop without capture, (b)); about 100 s a kind, 100 s more for
+# the model's build in the first run.
 for run in $(seq 1 ${RUNS:-3}); do
-    timeout ${RUN_S:-360} python3 bench/gpu_extract.py --prompts 512 \
-        --only ${ONLY:-vllm vllm-as-generator speculators} \
+    timeout ${RUN_S:-480} python3 bench/gpu_extract.py --prompts 512 \
+        --only ${ONLY:-vllm vllm-as-generator speculators-no-capture speculators} \
         ${EXTRACT_ARGS:-} --json /tmp/gpulogs/extract-$run.json > /tmp/gpulogs/extract-$run.log 2>&1
     step "run $run rc $?"
 done
