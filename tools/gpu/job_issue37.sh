@@ -4,8 +4,9 @@
 # 3 the 7-part 0.22.0 staging of job_gpu_extract.sh installed into /tmp/site22).
 # Measured so far (docs/results/benchmarks.md): item 1 compiled, 26 rounds on one host
 # (speccompat / stock median 1.002, 95% interval 0.997-1.019) and 7 on two others; eager 7
-# rounds (1.004 +- 0.038, not resolved to 1%); item 2 done; item 3 eight H100 runs, (b)/(a)
-# 0.951-0.967, and a GPU trace of (b) (none of (a') beside it).
+# rounds (1.004 +- 0.038, not resolved to 1%); item 2 done; item 3 eleven H100 runs, (b)/(a)
+# 0.951-0.967, the last three with (a''): the capture alone 1.0-1.2%, the generator without
+# it 0.961-0.969 of (a); traces of (b) and (a'') (2026-12-07), of (a') earlier.
 # Steps, in this order (a job cut off by device time keeps what finished):
 # 1. item 1 compiled unless COMPILED_S=0: as many of COMPILED_ROUNDS (default 12) rounds as
 #    COMPILED_S (default 1000) allows (--stop-after keeps the summary and the profiles).
@@ -22,10 +23,11 @@
 # 3. item 1 eager only with EAGER_S set: EAGER_ROUNDS (default 30) rounds, as many as
 #    EAGER_S allows (three eager servers took 5.5 minutes to start; rounds spread about 4%:
 #    20 or more resolve the median to about 1%), its steady state and its profile.
-#    Next start's plan on an H100 (1,800 s of device time, about 220 s of it to start,
-#    send the 32 parts and install): COMPILED_S=0 ITEM3=1 ITEM3_FIRST=1 ITEM3_RUNS=1
-#    ITEM3_TRACE=1 (about 850 s: (a'') is new), then EAGER_S=650 (about 8 rounds); eager
-#    over 20 rounds or more needs a start of its own.
+#    Next start's plan on an H100 (1,800 s of device time, about 250 s of it to start,
+#    send the 25 parts and install): EAGER_S=1400 alone (COMPILED_S=0, no ITEM3; the
+#    0.22.0 parts are not needed): about 24 eager rounds after the servers' 330 s start.
+#    On an H200, item 3 first: ITEM3=1 ITEM3_FIRST=1 ITEM3_RUNS=3 (about 1,020 s for four
+#    kinds with the model's build: 423 s, then 297 s a run).
 set -u
 item1_compiled() {
     [ "${COMPILED_S:-1000}" = 0 ] && return
