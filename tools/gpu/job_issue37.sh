@@ -13,13 +13,12 @@
 #    Three compiled servers took 200-345 s to be up and warm, a round 37-40 s. The servers'
 #    logs come back (bench_compiled-server-*.log: the adapters each applied).
 # 2. item 3 only with ITEM3=1 and /tmp/site22 installed: ITEM3_RUNS (default 1) runs of
-#    ITEM3_ONLY (default (a), (a'), (a'') and (b)) without --trace (figures; about 100 s a
+#    ITEM3_ONLY (default job_gpu_extract.sh's: (a), (a'), (a'') and (b)) without --trace (figures; about 100 s a
 #    kind and 100 s for the model's build), then with ITEM3_TRACE=1 one of (a'), (a'') and
 #    (b) under --trace --profile, the traces kept in the logs (bench/vllm_traces.py reads
 #    them). (a'') is speculators' generator with the capture taken out: (b)/(a'') is the
 #    capture alone, (a'')/(a') the generator's synchronous loop.
-#    ITEM3_FIRST=1 runs it before step 1 (on an H200, where item 3's goal was met once:
-#    ITEM3_RUNS=3 ITEM3_ONLY="vllm speculators" for its three runs in a row).
+#    ITEM3_FIRST=1 runs it before step 1.
 # 3. item 1 eager only with EAGER_S set: EAGER_ROUNDS (default 30) rounds, as many as
 #    EAGER_S allows (three eager servers took 5.5 minutes to start; rounds spread about 4%:
 #    20 or more resolve the median to about 1%), its steady state and its profile.
@@ -36,16 +35,15 @@ item1_compiled() {
 }
 item3() {
     if [ "${ITEM3:-0}" = 1 ] && [ -d /tmp/site22/vllm ]; then
-        SITE=/tmp/site22 RUNS=${ITEM3_RUNS:-1} \
-            ONLY="${ITEM3_ONLY:-vllm vllm-as-generator speculators-no-capture speculators}" \
+        SITE=/tmp/site22 RUNS=${ITEM3_RUNS:-1} ONLY="${ITEM3_ONLY:-}" \
             bash /tmp/repo/tools/gpu/job_gpu_extract.sh
         if [ "${ITEM3_TRACE:-0}" = 1 ]; then
             for f in /tmp/gpulogs/extract-[0-9]*; do [ -f "$f" ] && mv "$f" "${f/extract-/extract-run}"; done
-            SITE=/tmp/site22 RUNS=1 RUN_S=${TRACE_S:-420} \
-                ONLY="vllm-as-generator speculators-no-capture speculators" \
+            traced="vllm-as-generator speculators-no-capture speculators"
+            SITE=/tmp/site22 RUNS=1 RUN_S=${TRACE_S:-420} ONLY="$traced" \
                 EXTRACT_ARGS="--trace /tmp/trace --profile" bash /tmp/repo/tools/gpu/job_gpu_extract.sh
             for f in /tmp/gpulogs/extract-1.*; do mv "$f" "${f/extract-1/extract-trace}"; done
-            for kind in vllm-as-generator speculators-no-capture speculators; do
+            for kind in $traced; do
                 for f in /tmp/trace/$kind/*.pt.trace.json.gz; do
                     [ -f "$f" ] && cp "$f" "/tmp/gpulogs/trace-$kind-$(basename "$f")"
                 done
