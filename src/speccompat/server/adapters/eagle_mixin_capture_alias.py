@@ -16,9 +16,11 @@ qwen3_moe, qwen3_next, qwen3_vl, qwen3_vl_moe and step1; 0.34.0 adds granite,
 granitemoe, granitemoeshared, interns2_mobius, nemotron_parse3_5, plamo3 and
 ``vllm/models/beam`` (whose stacks pass no residual for any id). The adapter patches the
 mixin once: where the residual is ``None`` and the id is asked for, the state is cloned
-before vLLM's own method appends it. Cost: one copy of one layer's rows per forward, only where
-such an id is asked for. The replacement is a module-level function and calls vLLM's
-method through the class (``UPSTREAM``), so vLLM's AOT compile cache can pickle it by name.
+before vLLM's own method appends it. Cost: one copy of one layer's rows per forward, only
+where such an id is asked for, and in eager servers about 3 us of host time per forward
+(``bench/capture_alias_overhead.py``; compiled ones trace it into the graph). The
+replacement is a module-level function and calls vLLM's method through the class
+(``UPSTREAM``), so vLLM's AOT compile cache can pickle it by name.
 DeepSeek's own capture and 0.17's are served by ``deepseek_first_layer_residual`` and
 ``llama_family_edge_ids``, whose id-0 state is a copy already (``aux_edges.with_first_id``).
 """
