@@ -3,10 +3,12 @@
 # vLLM 0.34.0 staging of tools/gpu/README.md installed into /tmp/site as usual, and for item
 # 3 the 7-part 0.22.0 staging of job_gpu_extract.sh installed into /tmp/site22).
 # Measured so far (docs/results/benchmarks.md): item 1 compiled, 26 rounds on one host
-# (speccompat / stock median 1.002, 95% interval 0.997-1.019) and 7 on two others; eager 7
-# rounds (1.004 +- 0.038, not resolved to 1%); item 2 done; item 3 eleven H100 runs, (b)/(a)
-# 0.951-0.967, the last three with (a''): the capture alone 1.0-1.2%, the generator without
-# it 0.961-0.969 of (a); traces of (b) and (a'') (2026-12-07), of (a') earlier.
+# (speccompat / stock median 1.002, 95% interval 0.997-1.019) and 7 on two others; eager 16
+# rounds on two hosts (median 0.995, 0.960-1.060: rounds spread 6%, so 1% needs about 135
+# rounds, more than a session's device time) and its profile; item 2 done; item 3 eleven
+# H100 runs, (b)/(a) 0.951-0.967, the last three with (a''): the capture alone 1.0-1.2%, the
+# generator without it 0.961-0.969 of (a); traces of (b) and (a'') (2026-12-07), of (a')
+# earlier.
 # Steps, in this order (a job cut off by device time keeps what finished):
 # 1. item 1 compiled unless COMPILED_S=0: as many of COMPILED_ROUNDS (default 12) rounds as
 #    COMPILED_S (default 1000) allows (--stop-after keeps the summary and the profiles).
@@ -22,11 +24,13 @@
 # 3. item 1 eager only with EAGER_S set: EAGER_ROUNDS (default 30) rounds, as many as
 #    EAGER_S allows (three eager servers took 5.5 minutes to start; rounds spread about 4%:
 #    20 or more resolve the median to about 1%), its steady state and its profile.
-#    Next start's plan on an H100 (1,800 s of device time, about 250 s of it to start,
-#    send the 25 parts and install): EAGER_S=1400 alone (COMPILED_S=0, no ITEM3; the
-#    0.22.0 parts are not needed): about 24 eager rounds after the servers' 330 s start.
-#    On an H200, item 3 first: ITEM3=1 ITEM3_FIRST=1 ITEM3_RUNS=3 (about 1,020 s for four
-#    kinds with the model's build: 423 s, then 297 s a run).
+#    (2026-12-07: the servers took 6.5 minutes, then 9 rounds of 39-41 s.)
+#    Next start's plan: on an H200, item 3 alone (the 0.22.0 parts only): ITEM3=1
+#    ITEM3_FIRST=1 ITEM3_RUNS=3 COMPILED_S=0 (about 1,020 s for four kinds with the model's
+#    build: 423 s, then 297 s a run; ITEM3_ONLY="vllm speculators" for (a) and (b) alone,
+#    about 100 s a kind, where less device time is left). On an H100, more eager rounds to
+#    pool (EAGER_S=1400, the 0.34.0 parts only), or EAGER_S with the profile's Python stacks
+#    (where eager extraction's idle bursts come from).
 set -u
 item1_compiled() {
     [ "${COMPILED_S:-1000}" = 0 ] && return
