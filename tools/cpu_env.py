@@ -28,6 +28,12 @@ CPU_ENV = {
 }
 
 
+MISSING_FIX = {
+    "libtcmalloc": "apt install libtcmalloc-minimal4",
+    "libiomp": "intel-openmp, which the CPU build requires, is missing from this environment",
+}
+
+
 def set_defaults() -> None:
     """``CPU_ENV`` into this process's environment, where the caller has not set a value,
     and the preloads the CPU worker demands (for the processes started from here)."""
@@ -35,8 +41,15 @@ def set_defaults() -> None:
         os.environ.setdefault(key, value)
     preload = os.environ.get("LD_PRELOAD", "")
     for name, path in _demanded_preloads().items():
-        if name not in preload and path:
-            preload = f"{preload}:{path}" if preload else path
+        if name in preload:
+            continue
+        if path is None:
+            # Otherwise every worker dies at start and each test fails on its own.
+            print(f"cpu_env: this vLLM's CPU worker refuses to start without {name} in "
+                  f"LD_PRELOAD, and it was not found on this machine ({MISSING_FIX[name]})",
+                  file=sys.stderr)
+            continue
+        preload = f"{preload}:{path}" if preload else path
     if preload:
         os.environ["LD_PRELOAD"] = preload
 
