@@ -70,20 +70,21 @@ def main() -> int:
 
     cases = {"ids [2, 16, 29, 32]": (2, 16, 29, 32), "ids [0, 16, 29, 32]": (0, 16, 29, 32)}
     samples: dict[tuple[str, str], list[float]] = {}
+
+    def time_cases(side: str) -> None:
+        for case, ids in cases.items():
+            samples.setdefault((case, side), []).append(
+                _per_forward_us(ids, args.layers, args.runs))
+
     for _ in range(args.rounds):
-        for side in ("vLLM's method", "with the adapter"):
-            if side == "with the adapter":
-                report = registry._apply(only=[ID], paths=(ExtractionPath.SERVER,),
-                                         judge_support=False)
-                if report.state_of(ID) is not speccompat.State.APPLIED:
-                    raise SystemExit(f"{ID} did not apply on vLLM {vllm.__version__}: {report}")
-            try:
-                for case, ids in cases.items():
-                    samples.setdefault((case, side), []).append(
-                        _per_forward_us(ids, args.layers, args.runs))
-            finally:
-                if side == "with the adapter":
-                    speccompat.revert()
+        time_cases("vLLM's method")
+        report = registry._apply(only=[ID], paths=(ExtractionPath.SERVER,), judge_support=False)
+        try:
+            if report.state_of(ID) is not speccompat.State.APPLIED:
+                raise SystemExit(f"{ID} did not apply on vLLM {vllm.__version__}: {report}")
+            time_cases("with the adapter")
+        finally:
+            speccompat.revert()
     print(f"vLLM {vllm.__version__}, torch {torch.__version__}; {args.layers + 1} calls a "
           f"forward, {args.runs} forwards a timing, {args.rounds} rounds (medians, us a forward)")
     print(f"{'case':22} {'vLLM':>9} {'adapter':>9} {'added':>9}")

@@ -22,9 +22,9 @@
 #    capture alone, (a'')/(a') the generator's synchronous loop.
 #    ITEM3_FIRST=1 runs it before step 1.
 # 3. item 1 eager only with EAGER_S set: EAGER_ROUNDS (default 30) rounds, as many as
-#    EAGER_S allows (three eager servers took 5.5 minutes to start; rounds spread about 4%:
-#    20 or more resolve the median to about 1%), its steady state and its profile.
-#    (2026-12-07: the servers took 6.5 minutes, then 9 rounds of 39-41 s.)
+#    EAGER_S allows (three eager servers took 5.5-6.5 minutes to start, then 38-41 s a
+#    round; paired rounds spread about 6%, so 16 rounds give +-3%), its steady state and
+#    its profile.
 #    Next start's plan: on an H200, item 3 alone (the 0.22.0 parts only): ITEM3=1
 #    ITEM3_FIRST=1 ITEM3_RUNS=3 COMPILED_S=0 (about 1,020 s for four kinds with the model's
 #    build: 423 s, then 297 s a run; ITEM3_ONLY="vllm speculators" for (a) and (b) alone,
