@@ -5,10 +5,11 @@
 # Measured so far (docs/results/benchmarks.md): item 1 compiled, 26 rounds on one host
 # (speccompat / stock median 1.002, 95% interval 0.997-1.019) and 7 on two others; eager 16
 # rounds on two hosts (median 0.995, 0.960-1.060: rounds spread 6%, so 1% needs about 135
-# rounds, more than a session's device time) and its profile; item 2 done; item 3 eleven
-# H100 runs, (b)/(a) 0.951-0.967, the last three with (a''): the capture alone 1.0-1.2%, the
-# generator without it 0.961-0.969 of (a); traces of (b) and (a'') (2026-12-07), of (a')
-# earlier.
+# rounds, more than a session's device time) and its profile; item 2 done; item 3 on an
+# H200 three runs in a row, (b)/(a) 0.971, 0.975, 0.974 (goal met), two more 0.970 and
+# 0.963 (2026-12-07); eleven H100 runs 0.951-0.967, the last three with (a''): the capture
+# alone 1.0-1.2%, the generator without it 0.961-0.969 of (a); traces of (b) and (a'')
+# (2026-12-07), of (a') earlier.
 # Steps, in this order (a job cut off by device time keeps what finished):
 # 1. item 1 compiled unless COMPILED_S=0: as many of COMPILED_ROUNDS (default 12) rounds as
 #    COMPILED_S (default 1000) allows (--stop-after keeps the summary and the profiles).
@@ -25,12 +26,10 @@
 #    EAGER_S allows (three eager servers took 5.5-6.5 minutes to start, then 38-41 s a
 #    round; paired rounds spread about 6%, so 16 rounds give +-3%), its steady state and
 #    its profile.
-#    Next start's plan: on an H200, item 3 alone (the 0.22.0 parts only): ITEM3=1
-#    ITEM3_FIRST=1 ITEM3_RUNS=3 COMPILED_S=0 (about 1,020 s for four kinds with the model's
-#    build: 423 s, then 297 s a run; ITEM3_ONLY="vllm speculators" for (a) and (b) alone,
-#    about 100 s a kind, where less device time is left). On an H100, more eager rounds to
-#    pool (EAGER_S=1400, the 0.34.0 parts only), or EAGER_S with the profile's Python stacks
-#    (where eager extraction's idle bursts come from).
+#    Next start's plan (the 0.34.0 parts only): more eager rounds to pool (EAGER_S=1400), or
+#    EAGER_S with the profile's Python stacks (where eager extraction's idle bursts come
+#    from). Item 3 on an H200 took 379 s for its first run of four kinds (the model's build
+#    29 s), 287 s a run after; (a) and (b) alone 148-158 s a run.
 set -u
 item1_compiled() {
     [ "${COMPILED_S:-1000}" = 0 ] && return
