@@ -127,6 +127,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         "prints per configuration the pass's span, the GPU's busy and idle "
                         "time, its DtoH copies and the host's waiting CUDA calls")
     parser.add_argument("--profile-prompts", type=int, default=128)
+    parser.add_argument("--profile-with-stack", action="store_true",
+                        help="--profile with the host's Python frames "
+                        "(torch_profiler_with_stack): also prints what each thread ran "
+                        "while the GPU sat idle for 20 ms or more")
     parser.add_argument("--stop-after", type=float, default=None, metavar="S",
                         help="--interleave: start no round that would end more than S seconds "
                         "after the bench began (judged by the round before), so that a job's "
@@ -304,7 +308,8 @@ def start_server(name: str, model: Path, workdir: Path, args: Any,
     storage = args.storage / f"{name}-{os.getpid()}" if args.storage else None
     profile = ["--profiler-config", json.dumps({
         "profiler": "torch", "torch_profiler_dir": str(args.profile.resolve() / name),
-        "torch_profiler_with_stack": False})] if args.profile and name != "cli" else []
+        "torch_profiler_with_stack": args.profile_with_stack,
+    })] if args.profile and name != "cli" else []
     return serving.serve(model, folder, None if name == "plain" else layer_ids,
                          *args.vllm_args, *profile, env=CONFIG_ENV[name],
                          eager=not args.no_eager,
@@ -640,6 +645,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("\n".join(vllm_traces.summary(args.profile / name)) or "  no trace written")
             if steps := vllm_traces.step_table(args.profile / name):  # CUDA traces only
                 print("\n".join(steps))
+            if args.profile_with_stack:
+                print("\n".join(vllm_traces.host_in_gaps(args.profile / name)))
     return 0
 
 

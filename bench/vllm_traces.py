@@ -1,11 +1,13 @@
 """vLLM's torch-profiler traces, summed up for ``bench/server_extract.py --profile`` and
 ``bench/gpu_extract.py --trace``: where an extraction pass's time goes on the GPU and on the
-host (``summary``), and step by step (``step_table``)."""
+host (``summary``), step by step (``step_table``), and what the host's Python threads did while
+the GPU sat idle (``host_in_gaps``, traces taken with ``torch_profiler_with_stack``)."""
 
 from __future__ import annotations
 
 import gzip
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -104,4 +106,72 @@ def step_table(folder: Path) -> list[str]:
                 idle = following - end - busy_seconds(between)
                 line += f"  {(following - end) / 1e3:10.2f} {idle / 1e3:8.2f}"
             lines.append(line)
+    return lines
+
+
+def idle_gaps(kernels: list[tuple[float, float]], min_gap: float) -> list[tuple[float, float]]:
+    """The GPU's idle stretches of at least ``min_gap`` between the first kernel's start and
+    the last kernel's end (``kernels``: ``(start, end)`` of every stream)."""
+    gaps, reach = [], float("inf")
+    for start, end in sorted(kernels):
+        if start - reach >= min_gap:
+            gaps.append((reach, start))
+        reach = end if reach == float("inf") else max(reach, end)
+    return gaps
+
+
+def leaf_frames(events: list[dict[str, Any]]) -> list[tuple[dict[str, Any], str]]:
+    """The Python frames (``python_function`` events) that called no other traced frame on
+    their thread, each with its caller's name: where each thread's time went, a stack's
+    innermost frame (a built-in's caller says whose call it was)."""
+    frames = sorted((e for e in events if e.get("cat") == "python_function"),
+                    key=lambda e: (str(e.get("tid")), e["ts"], -e["dur"]))
+    leaves = []
+    stack: list[dict[str, Any]] = []
+    for index, frame in enumerate(frames):
+        while stack and (stack[-1].get("tid") != frame.get("tid")
+                         or stack[-1]["ts"] + stack[-1]["dur"] <= frame["ts"]):
+            stack.pop()
+        following = frames[index + 1] if index + 1 < len(frames) else None
+        called = (following is not None and following.get("tid") == frame.get("tid")
+                  and following["ts"] < frame["ts"] + frame["dur"])
+        if not called:
+            leaves.append((frame, frame_name(stack[-1]) if stack else ""))
+        stack.append(frame)
+    return leaves
+
+
+def frame_name(frame: dict[str, Any]) -> str:
+    """A frame's name without the object addresses that built-ins' names carry."""
+    return re.sub(r" at 0x[0-9a-f]+", "", str(frame.get("name", "?")))
+
+
+def host_in_gaps(folder: Path, min_gap_ms: float = 20.0, top: int = 8) -> list[str]:
+    """Per trace with kernels and Python frames under ``folder``: the GPU's idle gaps of at
+    least ``min_gap_ms`` and, summed over them, the time each thread spent in each innermost
+    Python frame (the ``top`` largest): whether the host was busy (a frame of vLLM's or the
+    connector's) or waiting for work (a poll, a queue's get) while the GPU idled."""
+    lines = []
+    for path, events in traces(folder):
+        kernels = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "kernel"]
+        leaves = leaf_frames(events)
+        if not kernels or not leaves:
+            continue
+        gaps = idle_gaps(kernels, min_gap_ms * 1e3)
+        total = sum(end - start for start, end in gaps)
+        lines.append(f"  {path.name[:60]}: {len(gaps)} GPU gaps >= {min_gap_ms:g} ms, "
+                     f"{total / 1e6:.3f} s; the host's innermost Python frames in them:")
+        spent: dict[tuple[Any, str], float] = {}
+        for frame, caller in leaves:
+            start, end = frame["ts"], frame["ts"] + frame["dur"]
+            inside = sum(max(0.0, min(end, gap_end) - max(start, gap_start))
+                         for gap_start, gap_end in gaps)
+            if inside > 0:
+                name = frame_name(frame)
+                if name.startswith("<built-in") and caller:
+                    name = f"{caller} > {name}"
+                key = (frame.get("tid"), name)
+                spent[key] = spent.get(key, 0.0) + inside
+        for (tid, name), seconds in sorted(spent.items(), key=lambda item: -item[1])[:top]:
+            lines.append(f"    thread {tid}: {seconds / 1e6:7.3f} s  {name[-110:]}")
     return lines

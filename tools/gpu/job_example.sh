@@ -23,15 +23,18 @@ fi
 # SHM_CONFIGS: other configurations (bench/server_extract.py CONFIG_ENV), e.g. "stock
 # speccompat no-guard" for speccompat without its per-file zero-row check (four servers
 # do not fit the GPU at the 0.3 share each; three do).
+# PROFILE_STACK=1: the profiled passes with the host's Python frames (what each thread ran
+# while the GPU idled; the tracer slows the host, so those passes' figures are not rounds').
+# CONCURRENCY (default 32): the clients' requests in flight.
 # No round starts that would end within PROFILE_S of the step's limit: the summary and the
 # profiled passes come back even where the servers start slowly (three eager ones took
 # 5.5 minutes on 2026-12-06, and the limit cut that bench off after 7 rounds).
 MODE=--no-eager; [ -n "${EAGER:-}" ] && MODE=""
 SHM_S=${SHM_S:-560}
 timeout $SHM_S python3 bench/server_extract.py --llama-8b-shapes --prompts 512 \
-    --prompt-len 1000 --concurrency 32 $MODE --rounds ${ROUNDS:-4} --interleave \
+    --prompt-len 1000 --concurrency ${CONCURRENCY:-32} $MODE --rounds ${ROUNDS:-4} --interleave \
     --configs ${SHM_CONFIGS:-plain stock speccompat} --storage /dev/shm/hs --workdir /tmp/bench-shm \
-    --profile /tmp/prof --profile-prompts 128 --stop-after $(( SHM_S - ${PROFILE_S:-150} )) \
+    --profile /tmp/prof --profile-prompts 128 ${PROFILE_STACK:+--profile-with-stack} --stop-after $(( SHM_S - ${PROFILE_S:-150} )) \
     -- --gpu-memory-utilization 0.3 > /tmp/gpulogs/${SHM_LOG:-bench_shm}.log 2>&1
 step "bench shm rc $? (${SHM_LOG:-bench_shm}.log)"
 # Each server's log, shortened (one line per request otherwise): speccompat's lines (the
