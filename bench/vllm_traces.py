@@ -9,19 +9,26 @@ import gzip
 import json
 import re
 from collections.abc import Iterator
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 
-def busy_seconds(intervals: list[tuple[float, float]]) -> float:
-    """Seconds covered by the union of ``(start, end)`` intervals (kernels of several streams
-    overlap)."""
-    covered, reach = 0.0, float("-inf")
+def merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of ``(start, end)`` intervals as disjoint intervals in order (kernels of
+    several streams overlap)."""
+    union: list[tuple[float, float]] = []
     for start, end in sorted(intervals):
-        if end > reach:
-            covered += end - max(start, reach)
-            reach = end
-    return covered
+        if union and start <= union[-1][1]:
+            union[-1] = (union[-1][0], max(union[-1][1], end))
+        else:
+            union.append((start, end))
+    return union
+
+
+def busy_seconds(intervals: list[tuple[float, float]]) -> float:
+    """Time covered by the union of ``(start, end)`` intervals."""
+    return sum(end - start for start, end in merged(intervals))
 
 
 # The host's CUDA calls that wait (or may: a pageable copy, a pinned allocation).
@@ -112,12 +119,8 @@ def step_table(folder: Path) -> list[str]:
 def idle_gaps(kernels: list[tuple[float, float]], min_gap: float) -> list[tuple[float, float]]:
     """The GPU's idle stretches of at least ``min_gap`` between the first kernel's start and
     the last kernel's end (``kernels``: ``(start, end)`` of every stream)."""
-    gaps, reach = [], float("inf")
-    for start, end in sorted(kernels):
-        if start - reach >= min_gap:
-            gaps.append((reach, start))
-        reach = end if reach == float("inf") else max(reach, end)
-    return gaps
+    return [(before[1], after[0]) for before, after in pairwise(merged(kernels))
+            if after[0] - before[1] >= min_gap]
 
 
 def leaf_frames(events: list[dict[str, Any]]) -> list[tuple[dict[str, Any], str]]:

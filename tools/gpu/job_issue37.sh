@@ -29,8 +29,9 @@
 #    Next start's plan (the 0.34.0 parts only): EAGER_S=1400 PROFILE_STACK=1 (more eager
 #    rounds to pool, and the profiled passes with the host's Python frames: what each
 #    thread ran while the GPU idled between bursts); then, if the clients' waits for their
-#    files are what idles the GPU, the same with CONCURRENCY=64. Item 3 on an H200 took 379 s for its first run of four kinds (the model's build
-#    29 s), 287 s a run after; (a) and (b) alone 148-158 s a run.
+#    files are what idles the GPU, the same with CONCURRENCY=64. Item 3 on an H200 took
+#    379 s for its first run of four kinds (the model's build 29 s), 287 s a run after; (a)
+#    and (b) alone 148-158 s a run.
 set -u
 item1_compiled() {
     [ "${COMPILED_S:-1000}" = 0 ] && return
