@@ -50,10 +50,11 @@ done
 rm -rf /tmp/prof  # a second bench in the same job profiles afresh
 # Issue #37 item 2: speculators' CLI at steady state (storage on the host's disk, as users
 # have it), with and without --validate-outputs, and its output on another filesystem; the
-# plain prefill to compare with is the interleaved run's. CLI_S=0 skips it.
+# plain prefill to compare with is the interleaved run's. CLI_S=0 skips it; EAGER and
+# CONCURRENCY apply here too (the CLI's --concurrency).
 if [ "${CLI_S:-330}" != 0 ]; then
     timeout ${CLI_S:-330} python3 bench/server_extract.py --llama-8b-shapes --prompts 512 \
-        --prompt-len 1000 --concurrency 32 --no-eager --configs ${CLI_CONFIGS:-cli} \
+        --prompt-len 1000 --concurrency ${CONCURRENCY:-32} $MODE --configs ${CLI_CONFIGS:-cli} \
         --cli-prompts 16 512 --cli-variants validate no-validate validate-other-fs \
         --disk-probe 4 --workdir /tmp/bench-cli > /tmp/gpulogs/bench_cli.log 2>&1
     step "bench cli rc $?"

@@ -26,12 +26,13 @@
 #    EAGER_S allows (three eager servers took 5.5-6.5 minutes to start, then 38-41 s a
 #    round; paired rounds spread about 6%, so 16 rounds give +-3%), its steady state and
 #    its profile.
-#    Next start's plan (the 0.34.0 parts only): EAGER_S=1400 PROFILE_STACK=1 (more eager
-#    rounds to pool, and the profiled passes with the host's Python frames: what each
-#    thread ran while the GPU idled between bursts); then, if the clients' waits for their
-#    files are what idles the GPU, the same with CONCURRENCY=64. Item 3 on an H200 took
-#    379 s for its first run of four kinds (the model's build 29 s), 287 s a run after; (a)
-#    and (b) alone 148-158 s a run.
+#    With CONCURRENCY=64 (2026-12-07, 7 rounds) eager extraction ran at 0.97 x plain once
+#    steady (0.88-0.91 at 32) and the profiled passes had no GPU gap of 20 ms or more.
+#    Next start's plan (the 0.34.0 parts only): speculators' CLI against an eager server at
+#    --concurrency 64 (EAGER_CLI_S=330 CONCURRENCY=64, after a short EAGER_S), then more
+#    eager rounds at 64.
+#    Item 3 on an H200 took 379 s for its first run of four kinds (the model's build 29 s),
+#    287 s a run after; (a) and (b) alone 148-158 s a run.
 set -u
 item1_compiled() {
     [ "${COMPILED_S:-1000}" = 0 ] && return
@@ -58,6 +59,6 @@ item3() {
 }
 if [ "${ITEM3_FIRST:-0}" = 1 ]; then item3; item1_compiled; else item1_compiled; item3; fi
 if [ -n "${EAGER_S:-}" ]; then
-    SHM_LOG=bench_eager EAGER=1 ROUNDS=${EAGER_ROUNDS:-30} SHM_S=$EAGER_S CLI_S=0 \
+    SHM_LOG=bench_eager EAGER=1 ROUNDS=${EAGER_ROUNDS:-30} SHM_S=$EAGER_S CLI_S=${EAGER_CLI_S:-0} \
         bash /tmp/repo/tools/gpu/job_example.sh
 fi
