@@ -316,6 +316,23 @@ def start_server(name: str, model: Path, workdir: Path, args: Any,
                          max_model_len=max(1024, args.prompt_len + 16), storage=storage)
 
 
+KV_CACHE_SIZE = re.compile(r"KV cache size: ([\d,]+) tokens")
+
+
+def kv_cache_tokens(log: str) -> int | None:
+    """The server's KV-cache size in tokens as its engine logged it at start-up (``GPU KV
+    cache size: 40,960 tokens``; ``CPU`` on the CPU build), or ``None`` where it did not:
+    how many requests' blocks fit, which an extraction server holds until each copy out
+    is done."""
+    found = KV_CACHE_SIZE.search(log)
+    return int(found.group(1).replace(",", "")) if found else None
+
+
+def server_up_line(name: str, srv: Any) -> str:
+    tokens = kv_cache_tokens(srv.log_text())
+    return f"  {name}: server up" + (f" (KV cache {tokens:,} tokens)" if tokens else "")
+
+
 def timed_pass(name: str, srv: Any, model: Path, prompts: list[list[int]],
                concurrency: int) -> Pass:
     """One pass over ``prompts``: prefill alone for ``plain``, else extraction through
@@ -331,6 +348,7 @@ def measure(name: str, model: Path, workdir: Path, args: Any, rounds: list[list[
     added to ``passes[name]`` (``cli``: one run of speculators' CLI over the first round's
     prompts; with ``--cli-prompts``, per variant the seconds of each size)."""
     with start_server(name, model, workdir, args, layer_ids) as srv:
+        print(server_up_line(name, srv), flush=True)
         timed_pass(name, srv, model, warm, args.concurrency)
         if name == "cli" and args.cli_prompts:
             vocab = int(json.loads((model / "config.json").read_text())["vocab_size"])
@@ -357,7 +375,7 @@ def measure_interleaved(names: list[str], model: Path, workdir: Path, args: Any,
         for name in names:  # one at a time: vLLM profiles memory while it starts
             servers[name] = stack.enter_context(
                 start_server(name, model, workdir, args, layer_ids))
-            print(f"  {name}: server up", flush=True)
+            print(server_up_line(name, servers[name]), flush=True)
         for name, srv in servers.items():
             timed_pass(name, srv, model, warm, args.concurrency)
         seconds: dict[str, list[float]] = {name: [] for name in names}

@@ -59,3 +59,17 @@ def test_one_disturbed_round_moves_the_median_interval_by_one_value_at_most(
     assert disturbed[0] >= 0.996 and disturbed[1] <= quiet[1]
     line = bench.ratio_line("speccompat vs stock", ratios)
     assert "median 1.0000 (95%: 0.9980..1.0020)" in line
+
+
+@pytest.mark.parametrize(("log", "tokens"), [
+    # vLLM 0.32.0's one line (kv_cache_utils.update_kv_cache_capacity), engine prefix and all
+    ("(EngineCore pid=2199) INFO 12-07 22:21:40 [kv_cache_utils.py:1314] GPU KV cache size: "
+     "40,960 tokens, Maximum concurrency for 1,024 tokens per request: 40.00x\n", 40960),
+    # the CPU build's, and a release that logged the size on a line of its own
+    ("INFO [kv_cache_utils.py:1087] CPU KV cache size: 8,192 tokens, Maximum concurrency", 8192),
+    ("INFO GPU KV cache size: 123456 tokens\nINFO Maximum concurrency for 2048 tokens", 123456),
+    ("INFO a server log without the line", None),
+])
+def test_kv_cache_tokens_reads_the_engine_start_up_line(bench: ModuleType, log: str,
+                                                        tokens: int | None) -> None:
+    assert bench.kv_cache_tokens(log) == tokens
