@@ -30,7 +30,7 @@
 #    steady (0.88-0.91 at 32) and the profiled passes had no GPU gap of 20 ms or more.
 #    Next start's plan (the 0.34.0 parts only): speculators' CLI against an eager server at
 #    --concurrency 64 (EAGER_CLI_S=330 CONCURRENCY=64, after a short EAGER_S), then more
-#    eager rounds at 64; the servers' KV-cache sizes (now kept in the shortened logs) say
+#    eager rounds at 64; the servers' KV-cache sizes (the bench prints them on its "server up" lines) say
 #    whether the cache limits what an extraction server admits at 32.
 #    Item 3 on an H200 took 379 s for its first run of four kinds (the model's build 29 s),
 #    287 s a run after; (a) and (b) alone 148-158 s a run.
