@@ -29,30 +29,36 @@ fi
 # No round starts that would end within PROFILE_S of the step's limit: the summary and the
 # profiled passes come back even where the servers start slowly (three eager ones took
 # 5.5 minutes on 2026-12-06, and the limit cut that bench off after 7 rounds).
+# PROFILE=0: no profiled passes (all the step's time for rounds). SHM_S=0 skips this step.
 MODE=--no-eager; [ -n "${EAGER:-}" ] && MODE=""
 SHM_S=${SHM_S:-560}
-timeout $SHM_S python3 bench/server_extract.py --llama-8b-shapes --prompts 512 \
-    --prompt-len 1000 --concurrency ${CONCURRENCY:-32} $MODE --rounds ${ROUNDS:-4} --interleave \
-    --configs ${SHM_CONFIGS:-plain stock speccompat} --storage /dev/shm/hs --workdir /tmp/bench-shm \
-    --profile /tmp/prof --profile-prompts 128 ${PROFILE_STACK:+--profile-with-stack} --stop-after $(( SHM_S - ${PROFILE_S:-150} )) \
-    -- --gpu-memory-utilization 0.3 > /tmp/gpulogs/${SHM_LOG:-bench_shm}.log 2>&1
-step "bench shm rc $? (${SHM_LOG:-bench_shm}.log)"
-# Each server's log, shortened (one line per request otherwise): speccompat's lines (the
-# adapters it applied), warnings and errors, then its last 200 lines (the bench prints each
-# server's KV-cache size on its "server up" line).
-for f in /tmp/bench-shm/*/server.log; do
-    [ -f "$f" ] && { grep -a -m 100 "speccompat\|WARNING\|ERROR" "$f"; echo "[...]"; tail -200 "$f"; } \
-        > "/tmp/gpulogs/${SHM_LOG:-bench_shm}-server-$(basename "$(dirname "$f")").log"
-done
-rm -rf /dev/shm/hs /tmp/bench-shm
-for f in /tmp/prof/*/*profiler_out*.txt; do
-    [ -f "$f" ] && cp "$f" "/tmp/gpulogs/${SHM_LOG:-bench_shm}-prof-$(basename "$(dirname "$f")")-$(basename "$f")"
-done
-rm -rf /tmp/prof  # a second bench in the same job profiles afresh
+PROFILE_ARGS="--profile /tmp/prof --profile-prompts 128 ${PROFILE_STACK:+--profile-with-stack}"
+[ "${PROFILE:-1}" = 0 ] && { PROFILE_ARGS=""; PROFILE_S=${PROFILE_S:-30}; }
+if [ "$SHM_S" != 0 ]; then
+    timeout $SHM_S python3 bench/server_extract.py --llama-8b-shapes --prompts 512 \
+        --prompt-len 1000 --concurrency ${CONCURRENCY:-32} $MODE --rounds ${ROUNDS:-4} --interleave \
+        --configs ${SHM_CONFIGS:-plain stock speccompat} --storage /dev/shm/hs --workdir /tmp/bench-shm \
+        $PROFILE_ARGS --stop-after $(( SHM_S - ${PROFILE_S:-150} )) \
+        -- --gpu-memory-utilization 0.3 > /tmp/gpulogs/${SHM_LOG:-bench_shm}.log 2>&1
+    step "bench shm rc $? (${SHM_LOG:-bench_shm}.log)"
+    # Each server's log, shortened (one line per request otherwise): speccompat's lines (the
+    # adapters it applied), warnings and errors, then its last 200 lines (the bench prints each
+    # server's KV-cache size on its "server up" line).
+    for f in /tmp/bench-shm/*/server.log; do
+        [ -f "$f" ] && { grep -a -m 100 "speccompat\|WARNING\|ERROR" "$f"; echo "[...]"; tail -200 "$f"; } \
+            > "/tmp/gpulogs/${SHM_LOG:-bench_shm}-server-$(basename "$(dirname "$f")").log"
+    done
+    rm -rf /dev/shm/hs /tmp/bench-shm
+    for f in /tmp/prof/*/*profiler_out*.txt; do
+        [ -f "$f" ] && cp "$f" "/tmp/gpulogs/${SHM_LOG:-bench_shm}-prof-$(basename "$(dirname "$f")")-$(basename "$f")"
+    done
+    rm -rf /tmp/prof  # a second bench in the same job profiles afresh
+fi
 # Issue #37 item 2: speculators' CLI at steady state (storage on the host's disk, as users
 # have it), with and without --validate-outputs, and its output on another filesystem; the
-# plain prefill to compare with is the interleaved run's. CLI_S=0 skips it; EAGER and
-# CONCURRENCY apply here too (the CLI's --concurrency).
+# plain prefill to compare with is the interleaved run's, or with CLI_CONFIGS="plain cli" a
+# round of plain on this step's own settings first. CLI_S=0 skips it; EAGER and CONCURRENCY
+# apply here too (the CLI's --concurrency).
 if [ "${CLI_S:-330}" != 0 ]; then
     timeout ${CLI_S:-330} python3 bench/server_extract.py --llama-8b-shapes --prompts 512 \
         --prompt-len 1000 --concurrency ${CONCURRENCY:-32} $MODE --configs ${CLI_CONFIGS:-cli} \

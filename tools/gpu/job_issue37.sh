@@ -29,9 +29,10 @@
 #    With CONCURRENCY=64 (2026-12-07, 7 rounds) eager extraction ran at 0.97 x plain once
 #    steady (0.88-0.91 at 32) and the profiled passes had no GPU gap of 20 ms or more.
 #    Next start's plan (the 0.34.0 parts only): speculators' CLI against an eager server at
-#    --concurrency 64 (EAGER_CLI_S=330 CONCURRENCY=64, after a short EAGER_S), then more
-#    eager rounds at 64; the servers' KV-cache sizes (the bench prints them on its "server up" lines) say
-#    whether the cache limits what an extraction server admits at 32.
+#    --concurrency 64 (EAGER_CLI_S=480 CONCURRENCY=64: it runs first), then more eager rounds
+#    at 64 without profiled passes (EAGER_S, PROFILE=0); the servers' KV-cache sizes (the
+#    bench prints them on its "server up" lines) say whether the cache limits what an
+#    extraction server admits at 32.
 #    Item 3 on an H200 took 379 s for its first run of four kinds (the model's build 29 s),
 #    287 s a run after; (a) and (b) alone 148-158 s a run.
 set -u
@@ -59,7 +60,12 @@ item3() {
     fi
 }
 if [ "${ITEM3_FIRST:-0}" = 1 ]; then item3; item1_compiled; else item1_compiled; item3; fi
+# speculators' CLI against an eager server (EAGER_CLI_S seconds, a round of plain on the same
+# settings first) runs before the eager rounds: the README's advice for eager servers rests on it.
+if [ "${EAGER_CLI_S:-0}" != 0 ]; then
+    EAGER=1 SHM_S=0 CLI_S=$EAGER_CLI_S CLI_CONFIGS="plain cli" bash /tmp/repo/tools/gpu/job_example.sh
+fi
 if [ -n "${EAGER_S:-}" ]; then
-    SHM_LOG=bench_eager EAGER=1 ROUNDS=${EAGER_ROUNDS:-30} SHM_S=$EAGER_S CLI_S=${EAGER_CLI_S:-0} \
+    SHM_LOG=bench_eager EAGER=1 ROUNDS=${EAGER_ROUNDS:-30} SHM_S=$EAGER_S CLI_S=0 \
         bash /tmp/repo/tools/gpu/job_example.sh
 fi
