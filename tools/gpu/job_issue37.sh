@@ -27,12 +27,14 @@
 #    round; paired rounds spread about 6%, so 16 rounds give +-3%), its steady state and
 #    its profile.
 #    With CONCURRENCY=64 (2026-12-07, 7 rounds) eager extraction ran at 0.97 x plain once
-#    steady (0.88-0.91 at 32) and the profiled passes had no GPU gap of 20 ms or more.
-#    Next start's plan (the 0.34.0 parts only): speculators' CLI against an eager server at
-#    --concurrency 64 (EAGER_CLI_S=480 CONCURRENCY=64: it runs first), then more eager rounds
-#    at 64 without profiled passes (EAGER_S, PROFILE=0); the servers' KV-cache sizes (the
-#    bench prints them on its "server up" lines) say whether the cache limits what an
-#    extraction server admits at 32.
+#    steady (0.88-0.91 at 32) and the profiled passes had no GPU gap of 20 ms or more; on
+#    2026-12-08 (18 rounds, PROFILE=0, EAGER_S=940) 0.98-0.99 steady, speccompat / stock
+#    median 0.994 (95% 0.989-1.001), the rounds' spread 2.5%; speculators' CLI against an
+#    eager server at 64 (EAGER_CLI_S=480, which runs first) 0.91-0.92 of plain's steady rate.
+#    Next start's plan (the 0.34.0 parts only): CONCURRENCY=64 PROFILE=0 with
+#    SHM_CONFIGS="stock speccompat no-guard" (whether the zero-row check in the writer
+#    thread is the 0.6% between speccompat and stock), or the default three configurations
+#    for about 25 more rounds (+-1% at 2026-12-08's spread).
 #    Item 3 on an H200 took 379 s for its first run of four kinds (the model's build 29 s),
 #    287 s a run after; (a) and (b) alone 148-158 s a run.
 set -u
