@@ -415,6 +415,15 @@ def render(cells: Sequence[CellLike], records: Mapping[Key, Mapping[str, Any]]) 
     contract_only = sum(1 for r in used.values() if r.get("outcome") == CONTRACT_ONLY)
     refused = sum(1 for r in used.values() if r.get("outcome") == REFUSED)
     incomplete = len(used) - passed - failed - contract_only - refused  # e.g. ops not loading
+    # A mark's legend only where some row carries it.
+    marks = []
+    if any(r.get("recipe") != RECIPE for r in used.values()):
+        marks.append(f"† recorded with the former install recipe ({FORMER_RECIPE}).")
+    if any(r.get("environment_fix") for r in used.values()):
+        marks.append("‡ the install left an earlier torch's CUDA 12 wheels, beside which "
+                     "`import vllm` fails (torchcodec's library does not load); `python -m "
+                     "speccompat doctor` names them and the fix, and the cell applied that fix "
+                     "before its tests.")
     lines = [
         "# Compatibility matrix",
         "",
@@ -435,10 +444,7 @@ def render(cells: Sequence[CellLike], records: Mapping[Key, Mapping[str, Any]]) 
         "default there is the newest 5.x), the newest 5.x vLLM allows beside speculators "
         "0.4.0 (whose default is its own pin, 4.57.6): `nox -s \"cell(vllm='0.22.0', "
         "speculators='0.3.0', transformers='4.57.6')\"`.",
-        f"† recorded with the former install recipe ({FORMER_RECIPE}).",
-        "‡ the install left an earlier torch's CUDA 12 wheels, beside which `import vllm` "
-        "fails (torchcodec's library does not load); `python -m speccompat doctor` names "
-        "them and the fix, and the cell applied that fix before its tests.",
+        *marks,
         "",
         f"To reproduce: `{REPRODUCE}` (every cell; `nox -s matrix -- 0.16.0 0.4.0` for some; "
         "`nox -s render` re-renders this page from existing records).",

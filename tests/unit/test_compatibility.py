@@ -169,6 +169,13 @@ def test_render_shows_the_variant_beside_its_default(tmp_path: Path) -> None:
     assert "† recorded with the former install recipe" in text
 
 
+def test_render_leaves_out_the_legend_of_a_mark_no_row_carries(tmp_path: Path) -> None:
+    ok = compat.stage_from_junit(junit(tmp_path / "ok.xml", tests=3))
+    cell = FakeCell("0.24.0", "0.4.0")
+    text = compat.render([cell], {("0.24.0", "0.4.0", ""): record(cell, ok, ok)})
+    assert "†" not in text and "‡" not in text
+
+
 def test_load_records_skips_broken_files(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                          ) -> None:
     (tmp_path / "broken.json").write_text("{")
