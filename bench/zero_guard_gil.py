@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -101,7 +102,7 @@ def main() -> None:
                 calls[kind].append(n / args.seconds)
     print(f"torch {torch.__version__}, shape {'x'.join(map(str, args.shape))} bf16, "
           f"{args.rounds} rounds of {args.seconds:g} s per kind, medians; "
-          f"switch interval {1e3 * __import__('sys').getswitchinterval():g} ms")
+          f"switch interval {1e3 * sys.getswitchinterval():g} ms")
     idle, nogil = statistics.median(rates["idle"]), statistics.median(rates["nogil"])
     for kind in KINDS:
         rate, per_s = statistics.median(rates[kind]), statistics.median(calls[kind])

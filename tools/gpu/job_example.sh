@@ -32,13 +32,17 @@ fi
 # PROFILE=0: no profiled passes (all the step's time for rounds). SHM_S=0 skips this step.
 MODE=--no-eager; [ -n "${EAGER:-}" ] && MODE=""
 SHM_S=${SHM_S:-560}
-PROFILE_ARGS="--profile /tmp/prof --profile-prompts 128 ${PROFILE_STACK:+--profile-with-stack}"
-[ "${PROFILE:-1}" = 0 ] && { PROFILE_ARGS=""; PROFILE_S=${PROFILE_S:-30}; }
+if [ "${PROFILE:-1}" = 0 ]; then
+    PROFILE_ARGS=""; PROFILE_S=${PROFILE_S:-30}  # the summary's time only
+else
+    PROFILE_ARGS="--profile /tmp/prof --profile-prompts 128 ${PROFILE_STACK:+--profile-with-stack}"
+    PROFILE_S=${PROFILE_S:-150}
+fi
 if [ "$SHM_S" != 0 ]; then
     timeout $SHM_S python3 bench/server_extract.py --llama-8b-shapes --prompts 512 \
         --prompt-len 1000 --concurrency ${CONCURRENCY:-32} $MODE --rounds ${ROUNDS:-4} --interleave \
         --configs ${SHM_CONFIGS:-plain stock speccompat} --storage /dev/shm/hs --workdir /tmp/bench-shm \
-        $PROFILE_ARGS --stop-after $(( SHM_S - ${PROFILE_S:-150} )) \
+        $PROFILE_ARGS --stop-after $(( SHM_S - PROFILE_S )) \
         -- --gpu-memory-utilization 0.3 > /tmp/gpulogs/${SHM_LOG:-bench_shm}.log 2>&1
     step "bench shm rc $? (${SHM_LOG:-bench_shm}.log)"
     # Each server's log, shortened (one line per request otherwise): speccompat's lines (the
